@@ -1,0 +1,145 @@
+"""Typed training configuration: one dataclass, presets as defaults, validated up front.
+
+The CLI flags are generated from these fields (`--block-size` <-> `block_size`), so this
+file is the single source of truth for flags, defaults and their validation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# The tiny target: a random-weight Qwen3 small enough for CPU tests. Vocabulary comes
+# from the locally built tokenizer, rounded up so padded rows exist (mask token rule).
+TINY_TARGET: dict[str, Any] = dict(
+    hidden_size=64,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        seq_len=256,
+        block_size=8,
+        max_anchors=16,
+        draft_layers=2,
+        lr=3e-3,
+        max_steps=30,
+        log_every=5,
+        min_doc_len=16,
+        max_doc_len=96,
+        loss_chunk=512,
+    ),
+    # Paper recipe (shared/DFLASH.md): Qwen3-8B target from a local HF directory.
+    "qwen3-8b": dict(
+        seq_len=3072,
+        block_size=16,
+        max_anchors=512,
+        draft_layers=5,
+        lr=6e-4,
+        max_steps=10000,
+        log_every=10,
+        min_doc_len=256,
+        max_doc_len=3072,
+        loss_chunk=4096,
+    ),
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass
+class TrainConfig:
+    out: str = field(metadata={"help": "run directory (metrics, checkpoints, drafter/)"})
+    preset: str = field(default="tiny", metadata={"help": f"one of {sorted(PRESETS)}"})
+    target: str | None = field(default=None, metadata={"help": "local HF target directory"})
+    data: str = field(
+        default="random", metadata={"help": "'random', or a .jsonl/.parquet/saved dataset path"}
+    )
+    max_steps: int = field(default=0, metadata={"help": "optimizer steps"})
+    seq_len: int = field(default=0, metadata={"help": "token budget per packed row"})
+    rows: int = field(default=1, metadata={"help": "packed rows per micro-batch"})
+    block_size: int = field(default=0, metadata={"help": "drafter block size"})
+    max_anchors: int = field(default=0, metadata={"help": "anchors per row (static shape)"})
+    draft_layers: int = field(default=0, metadata={"help": "drafter decoder layers"})
+    num_target_features: int = field(default=5, metadata={"help": "target layers fused"})
+    mask_token_id: int | None = field(default=None, metadata={"help": "override mask row"})
+    lr: float = field(default=0.0, metadata={"help": "peak learning rate"})
+    min_lr_ratio: float = field(default=0.0, metadata={"help": "cosine floor / peak"})
+    warmup_ratio: float = field(default=0.04, metadata={"help": "warmup share of steps"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    grad_clip: float = field(default=1.0, metadata={"help": "max grad norm (0 = off)"})
+    grad_accum: int = field(default=1, metadata={"help": "micro-batches per step"})
+    loss_gamma: float | None = field(default=None, metadata={"help": "slot decay gamma"})
+    loss_chunk: int = field(default=0, metadata={"help": "rows per CE chunk"})
+    seed: int = field(default=0, metadata={"help": "seed for init, data and anchors"})
+    min_doc_len: int = field(default=0, metadata={"help": "random data: min doc length"})
+    max_doc_len: int = field(default=0, metadata={"help": "random data: max doc length"})
+    skip_bad_rows: bool = field(default=False, metadata={"help": "skip malformed rows"})
+    log_every: int = field(default=0, metadata={"help": "steps between metric lines"})
+    save_every: int = field(default=0, metadata={"help": "steps between checkpoints (0=end)"})
+    keep_last: int = field(default=3, metadata={"help": "checkpoints kept"})
+    compile: bool = field(default=False, metadata={"help": "torch.compile drafter + masks"})
+    attn: str = field(default="auto", metadata={"help": "auto | sdpa | flex"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
+    wandb: str = field(default="offline", metadata={"help": "offline | online | off"})
+    resume: bool = field(default=False, metadata={"help": "continue the run in --out"})
+    allow_dirty_env: bool = field(default=False, metadata={"help": "train despite doctor errors"})
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"--preset {self.preset!r} unknown; choose one of {sorted(PRESETS)}")
+        for key, value in PRESETS[self.preset].items():
+            if getattr(self, key) in (0, 0.0, None):
+                setattr(self, key, value)
+        if self.preset != "tiny" and not self.target:
+            raise ValueError(f"--preset {self.preset} needs --target PATH (a local HF directory)")
+        positive = ("max_steps", "seq_len", "rows", "max_anchors", "draft_layers", "grad_accum")
+        positive += ("lr", "loss_chunk", "log_every", "keep_last", "min_doc_len")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{_flag(name)} must be > 0, got {getattr(self, name)}")
+        if self.block_size < 2:
+            raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
+        if self.block_size > self.seq_len:
+            raise ValueError(f"--block-size {self.block_size} exceeds --seq-len {self.seq_len}")
+        if self.max_doc_len < self.min_doc_len:
+            raise ValueError("--max-doc-len must be >= --min-doc-len")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.loss_gamma is not None and self.loss_gamma <= 0:
+            raise ValueError(f"--loss-gamma must be > 0, got {self.loss_gamma}")
+        for name, options in (
+            ("attn", ("auto", "sdpa", "flex")),
+            ("device", ("auto", "cpu", "cuda")),
+            ("wandb", ("offline", "online", "off")),
+        ):
+            if getattr(self, name) not in options:
+                raise ValueError(
+                    f"{_flag(name)} must be one of {options}, got {getattr(self, name)!r}"
+                )
+        if self.save_every < 0:
+            raise ValueError(f"--save-every must be >= 0, got {self.save_every}")
+
+    @property
+    def gamma(self) -> float:
+        from dflash.loss import default_gamma
+
+        return self.loss_gamma if self.loss_gamma is not None else default_gamma(self.block_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # Fields that may change when resuming a run without making it "another run".
+    RESUMABLE_CHANGES = ("max_steps", "resume", "log_every", "save_every", "keep_last", "wandb")
+    RESUMABLE_CHANGES += ("allow_dirty_env", "out", "compile", "device", "attn")

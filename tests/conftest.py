@@ -1,0 +1,26 @@
+import os
+
+import pytest
+import torch
+
+# CPU tests on a 2-core machine: one intra-op thread keeps parallel test processes
+# from oversubscribing the cores and keeps float results reproducible.
+torch.set_num_threads(1)
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def tiny_qwen3_config():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        tie_word_embeddings=False,
+    )
