@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("dflash.train_cli", "train a DFlash drafter"),
     "doctor": ("dflash.envcheck.doctor_cli", "audit this Python environment against uv.lock"),
     "env": ("dflash.envcheck.env_cli", "environment fingerprint and manifest"),
+    "eval": ("dflash.eval_cli", "speculative decoding with a drafter: tau, speedup, lossless"),
 }
 
 

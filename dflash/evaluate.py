@@ -1,0 +1,223 @@
+"""Evaluate a drafter by speculative decoding with its target: tau, histogram, speedup.
+
+Loading checks that drafter and target belong together before anything is decoded;
+prompts are rendered with the target's chat template (generation prompt open) and
+checked against the context length up front, so a bad prompt fails before any work.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from dflash.data.sources import DataError, normalise_record
+from dflash.spec_decode import (
+    CachedDrafter,
+    CachedTarget,
+    first_mismatch,
+    greedy_reference,
+    speculative_generate,
+)
+from dflash.target import TargetMismatch
+
+
+def load_pair(target_dir: str, drafter_dir: str, device: str = "cpu", drafter_state=None):
+    """(target LM, tokenizer, drafter) from local directories, checked for compatibility.
+
+    `drafter_state` (a state dict, e.g. from a training checkpoint) replaces the
+    exported drafter weights: used to evaluate intermediate checkpoints.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dflash.model import DFlashDraftModel
+
+    tok = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        target_dir, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
+    )
+    drafter = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32)
+    if drafter_state is not None:
+        drafter.load_state_dict(drafter_state)
+    check_pair(model, tok, drafter, target_dir, drafter_dir)
+    return model.to(device).eval(), tok, drafter.to(device).eval()
+
+
+def check_pair(model, tok, drafter, target_dir: str = "target", drafter_dir: str = "drafter"):
+    """Raise TargetMismatch naming every way the drafter does not fit this target."""
+    t, d = model.config, drafter.config
+    rows = model.get_input_embeddings().weight.shape[0]
+    problems = []
+    if d.hidden_size != t.hidden_size:
+        problems.append(f"hidden size: drafter {d.hidden_size}, target {t.hidden_size}")
+    if d.vocab_size != rows:
+        problems.append(f"vocabulary: drafter expects {d.vocab_size} rows, target has {rows}")
+    if getattr(d, "num_target_layers", None) != t.num_hidden_layers:
+        problems.append(
+            f"target depth: drafter trained on {getattr(d, 'num_target_layers', None)} "
+            f"layers, target has {t.num_hidden_layers}"
+        )
+    if max(drafter.target_layer_ids) >= t.num_hidden_layers:
+        problems.append(
+            f"layer ids: drafter reads {drafter.target_layer_ids}, target has "
+            f"{t.num_hidden_layers} layers"
+        )
+    mask_id = drafter.mask_token_id
+    if not len(tok) <= mask_id < rows:
+        problems.append(
+            f"mask token id {mask_id}: must be an embedding row (< {rows}) that the "
+            f"tokenizer never produces (>= {len(tok)})"
+        )
+    if problems:
+        raise TargetMismatch(
+            f"drafter {drafter_dir} does not belong to target {target_dir}: "
+            + "; ".join(problems)
+            + ". Evaluate the drafter with the target it was trained on."
+        )
+
+
+@dataclass
+class Prompt:
+    id: str
+    ids: list[int]
+    truncated: int = 0  # tokens dropped from the left
+
+
+def load_prompts(path: str, tok, limit: int | None = None) -> list[Prompt]:
+    """JSONL rows with `messages` (trailing assistant turns dropped) or `prompt`; optional id."""
+    prompts = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+                    row = {**row, "response": row.get("response", "")}
+                messages = normalise_record(row)
+            except ValueError as e:
+                raise DataError(f"{path}, line {lineno}: {e}") from None
+            while messages and messages[-1]["role"] == "assistant":
+                messages = messages[:-1]
+            if not messages:
+                raise DataError(f"{path}, line {lineno}: no prompt turns before the assistant")
+            ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            if not isinstance(ids, list):  # BatchEncoding in some versions
+                ids = list(ids["input_ids"])
+            prompts.append(Prompt(str(row.get("id", lineno - 1)), list(ids)))
+            if limit and len(prompts) >= limit:
+                break
+    if not prompts:
+        raise DataError(f"{path}: no prompts")
+    return prompts
+
+
+def fit_context(prompts: list[Prompt], limit: int, truncate: bool) -> None:
+    """Every prompt must leave room for the output; truncate from the left or refuse."""
+    for p in prompts:
+        if len(p.ids) <= limit:
+            continue
+        if not truncate:
+            raise DataError(
+                f"prompt {p.id!r} has {len(p.ids)} tokens; with the requested output it must "
+                f"fit in {limit} (the target's max_position_embeddings minus max new tokens "
+                "and one block). Lower --max-new-tokens, or pass --truncate-prompts."
+            )
+        p.truncated = len(p.ids) - limit
+        p.ids = p.ids[-limit:]
+
+
+def eos_ids_of(tok, model) -> set[int]:
+    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tok.unk_token_id:
+        ids.add(im_end)  # ChatML end of turn: where a chat response stops
+    gen = getattr(model.generation_config, "eos_token_id", None)
+    ids |= set(gen if isinstance(gen, list) else [gen] if gen is not None else [])
+    return ids
+
+
+def evaluate(
+    model,
+    tok,
+    drafter,
+    prompts: list[Prompt],
+    *,
+    block_size: int,
+    max_new_tokens: int,
+    check_lossless: bool = False,
+    speedup_prompts: int = 0,
+    out_path: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Decode every prompt speculatively; returns the summary (and writes per-prompt JSONL)."""
+    if not 1 <= block_size <= drafter.block_size:
+        raise ValueError(
+            f"--block-size {block_size} must be in 1..{drafter.block_size} (the trained size)"
+        )
+    layer_ids = drafter.target_layer_ids
+    target = CachedTarget(model, layer_ids)
+    cached = CachedDrafter(drafter, model.get_input_embeddings(), model.get_output_embeddings())
+    eos = eos_ids_of(tok, model)
+    hist = [0] * block_size
+    n_tokens, seconds, mismatches, rows = 0, 0.0, [], []
+    for p in tqdm(prompts, desc=f"eval bs{block_size}", disable=not progress, dynamic_ncols=True):
+        r = speculative_generate(
+            target, cached, p.ids, block_size=block_size, max_new_tokens=max_new_tokens, eos_ids=eos
+        )
+        for a in r.accept_lengths:
+            hist[a] += 1
+        n_tokens, seconds = n_tokens + len(r.output_ids), seconds + r.seconds
+        row: dict[str, Any] = {"id": p.id, "prompt_tokens": len(p.ids), "truncated": p.truncated}
+        row |= {"output_ids": r.output_ids, "accept_lengths": r.accept_lengths}
+        if check_lossless:
+            ref = greedy_reference(model, p.ids, max_new_tokens, eos)
+            row["first_mismatch"] = first_mismatch(r.output_ids, ref)
+            if row["first_mismatch"] is not None:
+                mismatches.append({"id": p.id, "position": row["first_mismatch"]})
+        rows.append(row)
+    steps = sum(hist)
+    summary: dict[str, Any] = {
+        "block_size": block_size,
+        "prompts": len(prompts),
+        "tau": sum((a + 1) * c for a, c in enumerate(hist)) / max(steps, 1),
+        "accept_hist": hist,
+        "output_tokens": n_tokens,
+        "ms_per_token": 1000 * seconds / max(n_tokens, 1),
+        "truncated_prompts": sum(p.truncated > 0 for p in prompts),
+    }
+    if speedup_prompts:
+        base = prompts[:speedup_prompts]
+        summary |= speedup(target, cached, base, block_size, max_new_tokens, eos, progress)
+    if check_lossless:
+        summary["lossless"] = not mismatches
+        summary["mismatches"] = mismatches
+    if out_path:
+        Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(out_path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return summary
+
+
+def speedup(target, cached, prompts, block_size, max_new_tokens, eos, progress) -> dict[str, Any]:
+    """Time per output token at bs 1 / at bs, same loop, same prompts, timed back to back."""
+    per = {}
+    for bs in (1, block_size):
+        t0, n = time.perf_counter(), 0
+        for p in tqdm(prompts, desc=f"timing bs{bs}", disable=not progress, dynamic_ncols=True):
+            r = speculative_generate(
+                target, cached, p.ids, block_size=bs, max_new_tokens=max_new_tokens, eos_ids=eos
+            )
+            n += len(r.output_ids)
+        per[bs] = (time.perf_counter() - t0) / max(n, 1)
+    return {
+        "speedup": per[1] / per[block_size],
+        "ms_per_token_bs1": 1000 * per[1],
+        "ms_per_token_timed": 1000 * per[block_size],
+        "speedup_prompts": len(prompts),
+    }
