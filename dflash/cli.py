@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("dflash.envcheck.doctor_cli", "audit this Python environment against uv.lock"),
     "env": ("dflash.envcheck.env_cli", "environment fingerprint and manifest"),
     "eval": ("dflash.eval_cli", "speculative decoding with a drafter: tau, speedup, lossless"),
+    "regen": ("dflash.regen_cli", "regenerate responses with the target (local or OpenAI server)"),
 }
 
 
