@@ -22,10 +22,16 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
 
 
 def resolve_attn(cfg: TrainConfig, device: torch.device) -> str:
-    """flex_attention with a compiled block mask on GPU or with --compile; SDPA otherwise."""
-    if cfg.attn != "auto":
-        return cfg.attn
-    return "flex" if (device.type == "cuda" or cfg.compile) else "sdpa"
+    """flex_attention with a compiled block mask on GPU; the dense SDPA mask on CPU."""
+    attn = cfg.attn if cfg.attn != "auto" else ("flex" if device.type == "cuda" else "sdpa")
+    if attn == "flex" and cfg.compile and device.type == "cpu":
+        # Measured with torch 2.10: inductor compiles flex_attention's forward on CPU but
+        # fails lowering its backward ("IndexError: tuple index out of range").
+        raise ValueError(
+            "--attn flex with --compile cannot train on CPU (inductor has no CPU "
+            "flex_attention backward in this torch); use --attn sdpa, the CPU default"
+        )
+    return attn
 
 
 def load_tokenizer(cfg: TrainConfig):
