@@ -93,6 +93,15 @@ class TrainConfig:
     wandb: str = field(default="offline", metadata={"help": "offline | online | off"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out"})
     allow_dirty_env: bool = field(default=False, metadata={"help": "train despite doctor errors"})
+    # Pipeline (dflash/dist): one process per device, frozen targets feed training drafters.
+    targets: int = field(default=0, metadata={"help": "target ranks (0 = split the world)"})
+    drafters: int = field(default=0, metadata={"help": "drafter ranks (0 = split the world)"})
+    max_in_flight: int = field(
+        default=2, metadata={"help": "batches in flight per target->drafter link"}
+    )
+    dist_timeout: float = field(
+        default=600.0, metadata={"help": "seconds before a silent peer fails the job"}
+    )
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -130,6 +139,13 @@ class TrainConfig:
                 )
         if self.save_every < 0:
             raise ValueError(f"--save-every must be >= 0, got {self.save_every}")
+        for name in ("targets", "drafters"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.max_in_flight < 1:
+            raise ValueError(f"--max-in-flight must be >= 1, got {self.max_in_flight}")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"--dist-timeout must be > 0, got {self.dist_timeout}")
 
     @property
     def gamma(self) -> float:
@@ -143,3 +159,6 @@ class TrainConfig:
     # Fields that may change when resuming a run without making it "another run".
     RESUMABLE_CHANGES = ("max_steps", "resume", "log_every", "save_every", "keep_last", "wandb")
     RESUMABLE_CHANGES += ("allow_dirty_env", "out", "compile", "device", "attn")
+    # The number of targets never changes what is trained (see dflash/dist/roles.py);
+    # the number of drafters does (global batch = drafters x grad_accum micro-batches).
+    RESUMABLE_CHANGES += ("targets", "max_in_flight", "dist_timeout")

@@ -7,19 +7,13 @@ on the device and are read only on logging steps, the only host-device sync poin
 
 from __future__ import annotations
 
-import contextlib
-import math
-import random
-import signal
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from dflash import checkpoint as ckpt
-from dflash.anchors import sample_anchors
 from dflash.components import (
     build_drafter,
     load_target,
@@ -29,61 +23,22 @@ from dflash.components import (
     resolve_device,
 )
 from dflash.config import TrainConfig
-from dflash.draft_step import DraftStep
-from dflash.loss import accuracy_per_slot
+from dflash.loop import (
+    Accumulator,
+    NonFiniteLoss,
+    StopFlag,
+    build_draft_step,
+    build_optimizer,
+    catch_signals,
+    micro_step,
+    nonfinite_error,
+    optimizer_step,
+    rng_state,
+    set_rng_state,
+)
 from dflash.metrics import MetricsLogger, StepTimer
 
-
-class NonFiniteLoss(RuntimeError):
-    pass
-
-
-def cosine_lambda(total: int, warmup_ratio: float, min_ratio: float):
-    warmup = max(1, math.ceil(total * warmup_ratio)) if warmup_ratio > 0 else 0
-
-    def fn(step: int) -> float:  # step = number of optimizer steps taken so far
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return fn
-
-
-class _StopFlag:
-    """SIGINT/SIGTERM ask for a clean stop: finish the step, checkpoint, exit."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-
-    def __call__(self, signum, frame) -> None:
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _catch_signals(flag: _StopFlag):
-    old = {s: signal.signal(s, flag) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-def _rng_state(gen: torch.Generator) -> dict[str, Any]:
-    return {
-        "anchor_gen": gen.get_state(),
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-    }
-
-
-def _set_rng_state(gen: torch.Generator, state: dict[str, Any]) -> None:
-    gen.set_state(state["anchor_gen"])
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+__all__ = ["NonFiniteLoss", "train"]
 
 
 def train(cfg: TrainConfig, *, stop_after: int | None = None, env_record=None) -> dict[str, Any]:
@@ -98,30 +53,11 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, env_record=None) -
     tokenizer = load_tokenizer(cfg)
     target = load_target(cfg, tokenizer, device, dtype, attn)
     drafter = build_drafter(cfg, target, tokenizer).to(device)  # fp32 master weights
-    create_fn = None
-    if attn == "flex" and (cfg.compile or device.type == "cuda"):
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        # Uncompiled, create_block_mask materialises the dense Q x KV grid.
-        create_fn = torch.compile(create_block_mask)
-    step_fn = DraftStep(
-        drafter,
-        target.embed_tokens,
-        target.lm_head,
-        gamma=cfg.gamma,
-        loss_chunk=cfg.loss_chunk,
-        attn=attn,
-        create_block_mask_fn=create_fn,
-    )
-    if cfg.compile:
-        # Main thread, static shapes (fixed token budget and max_anchors): compiled once.
-        drafter.forward = torch.compile(drafter.forward)
+    step_fn = build_draft_step(cfg, drafter, target, device, attn)
 
     stream = make_stream(cfg, tokenizer)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, cosine_lambda(cfg.max_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
-    )
+    opt, sched = build_optimizer(cfg, drafter.parameters())
+    # Reseeded per micro-batch from (seed, global batch index): see loop.anchor_seed.
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)
 
     step = 0
@@ -132,7 +68,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, env_record=None) -
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         stream.load_state_dict(state["data"])
-        _set_rng_state(gen, state["rng"])
+        set_rng_state(gen, state["rng"])
         step = state["step"]
         print(f"resumed from {last} at step {step}")
 
@@ -156,85 +92,60 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, env_record=None) -
             "optimizer": opt.state_dict(),
             "scheduler": sched.state_dict(),
             "data": stream.state_dict(),
-            "rng": _rng_state(gen),
+            "rng": rng_state(gen),
             "step": at,
         }
         return ckpt.save_checkpoint(run_dir, at, state, cfg.keep_last)
 
-    bs = cfg.block_size
-    zeros = lambda: torch.zeros(bs, device=device)  # noqa: E731
-    acc_correct, acc_count = zeros(), zeros()
-    loss_sum = torch.zeros((), device=device)
-    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+    acc = Accumulator(cfg.block_size, device)
     timer = StepTimer()
-    flag = _StopFlag()
+    flag = StopFlag()
     last_rec: dict[str, Any] = {}
     saved_at = step if last is not None else None
     bar = tqdm(total=cfg.max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None
 
     drafter.train()
-    with _catch_signals(flag):
+    with catch_signals(flag):
         while step < cfg.max_steps:
-            for _ in range(cfg.grad_accum):
+            for i in range(cfg.grad_accum):
                 batch = next(stream).to(device, non_blocking=True)
                 feats = target(batch.input_ids, batch.positions, batch.doc_ids)
-                anchors, valid = sample_anchors(
-                    batch.loss_mask, batch.doc_ids, bs, cfg.max_anchors, generator=gen
+                g = step * cfg.grad_accum + i  # global micro-batch index
+                loss, stats = micro_step(
+                    cfg,
+                    step_fn,
+                    gen,
+                    g,
+                    batch.input_ids,
+                    batch.loss_mask,
+                    batch.doc_ids,
+                    batch.positions,
+                    feats,
+                    scale=cfg.grad_accum,
                 )
-                with autocast or contextlib.nullcontext():
-                    loss, stats = step_fn(
-                        batch.input_ids,
-                        batch.loss_mask,
-                        batch.doc_ids,
-                        batch.positions,
-                        feats,
-                        anchors,
-                        valid,
-                    )
-                (loss / cfg.grad_accum).backward()
-                nonfinite |= ~torch.isfinite(loss.detach())
-                loss_sum += loss.detach() / cfg.grad_accum
-                acc_correct += stats["correct"]
-                acc_count += stats["count"]
-                timer.add_tokens(batch.n_tokens)
-            max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), max_norm)
-            lr = sched.get_last_lr()[0]
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
+                acc.add(loss, stats, cfg.grad_accum, batch.n_tokens)
+            grad_norm, lr = optimizer_step(cfg, drafter.parameters(), opt, sched)
             step += 1
             n_logged = step % cfg.log_every or cfg.log_every
             is_log = step % cfg.log_every == 0 or step == cfg.max_steps
             stopping = flag.signum is not None or (stop_after is not None and step >= stop_after)
             if is_log or stopping:
-                if bool(nonfinite):  # sync point: logging steps only
+                rec = acc.record(step, n_logged)  # sync point: logging steps only
+                if rec.pop("_nonfinite"):
                     logger.close()
                     bar.close()
-                    where = f"at or before step {step}"
-                    keep = f"; last good checkpoint: step {saved_at}" if saved_at else ""
-                    raise NonFiniteLoss(
-                        f"loss became NaN/inf {where}{keep}. Lower --lr, check the data, "
-                        "or raise --grad-clip; the run was stopped without saving."
-                    )
-                _, tok_s = timer.lap()
-                per_slot = accuracy_per_slot(acc_correct, acc_count)
-                seen = [a for a in per_slot if not math.isnan(a)]
+                    raise nonfinite_error(step, saved_at)
+                dt, _ = timer.lap()
+                tokens = rec.pop("_tokens")
                 last_rec = {
-                    "step": step,
-                    "loss": loss_sum.item() / n_logged,
-                    "acc": sum(seen) / len(seen) if seen else math.nan,
-                    "acc_per_slot": per_slot,
+                    **rec,
                     "lr": lr,
                     "grad_norm": float(grad_norm),
-                    "tok_per_s": tok_s,
+                    "tok_per_s": tokens / dt,
                     "data": stream.stats(),
                 }
                 bar.write(logger.log(last_rec))
-                acc_correct.zero_()
-                acc_count.zero_()
-                loss_sum.zero_()
+                acc.reset()
             bar.update(1)
             if stopping or (cfg.save_every and step % cfg.save_every == 0):
                 save(step)

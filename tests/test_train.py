@@ -107,7 +107,16 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypat
 
 def test_golden_loss_trace(tmp_path):
     """The tiny preset's first steps, pinned: a change to init, data, anchors, masks or the
-    loss that moves these numbers must be deliberate (regenerate with the snippet below)."""
+    loss that moves these numbers must be deliberate. Regenerate from the repo root with:
+
+        .venv/bin/python -c "import json,tempfile,torch; from pathlib import Path; \\
+        from dflash.config import TrainConfig; from dflash.train import train; \\
+        torch.set_num_threads(1); d=tempfile.mkdtemp(); \\
+        train(TrainConfig(out=d+'/run', wandb='off', max_steps=8, log_every=1)); \\
+        g=Path('tests/golden_tiny.json'); r=json.loads(g.read_text()); \\
+        r['loss']=[json.loads(x)['loss'] for x in open(d+'/run/metrics.jsonl')]; \\
+        g.write_text(json.dumps(r, indent=1) + chr(10))"
+    """
     train(cfg(tmp_path, max_steps=8))
     got = [loss for _, loss in losses(tmp_path / "run")]
     golden = json.loads((Path(__file__).parent / "golden_tiny.json").read_text())

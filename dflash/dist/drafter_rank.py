@@ -1,0 +1,217 @@
+"""Drafter rank: receive features, sample anchors, train; DDP among drafter ranks only.
+
+Drafter d trains micro-batches [d*A, (d+1)*A) of every optimizer step (roles.py), with
+the anchors of batch g seeded from (seed, g) (loop.anchor_seed), and DDP averages the
+gradients over the D drafters: the step equals a single process's step with
+grad_accum = D*A up to float summation order. Drafter 0 writes checkpoints and metrics.
+Host-device syncs happen on logging steps only: losses, token counts and the routing
+check accumulate on the device in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dflash import checkpoint as ckpt
+from dflash.components import build_drafter, load_target, load_tokenizer, resolve_attn
+from dflash.config import TrainConfig
+from dflash.dist.p2p import HEADER, Receiver, unpack_meta
+from dflash.dist.roles import Layout
+from dflash.dist.target_rank import control_lag, control_steps
+from dflash.dist.telemetry import COUNTERS, Clock, summarize
+from dflash.loop import (
+    Accumulator,
+    StopFlag,
+    build_draft_step,
+    build_optimizer,
+    micro_step,
+    nonfinite_error,
+    optimizer_step,
+    rng_state,
+    set_rng_state,
+)
+from dflash.metrics import MetricsLogger
+
+
+def _frozen_head(cfg: TrainConfig, tokenizer, device: torch.device, dtype, attn):
+    """The target's embedding and LM head on this device; its layers stay on the host
+    (and are dropped): a drafter GPU never holds the target's decoder stack."""
+    target = load_target(cfg, tokenizer, torch.device("cpu"), dtype, attn)
+    target.layers = torch.nn.ModuleList()
+    return target.to(device)
+
+
+def run_drafter(
+    cfg: TrainConfig,
+    layout: Layout,
+    rank: int,
+    device: torch.device,
+    group,
+    start_step: int,
+    last: Path | None,
+    record: dict[str, Any] | None,
+    flag: StopFlag,
+    env_record=None,
+) -> dict[str, Any]:
+    _, d = layout.role(rank)
+    lead = d == 0
+    run_dir = Path(cfg.out)
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    attn = resolve_attn(cfg, device)
+    tokenizer = load_tokenizer(cfg)
+    target = _frozen_head(cfg, tokenizer, device, dtype, attn)
+    drafter = build_drafter(cfg, target, tokenizer).to(device)  # fp32 master weights
+    step_fn = build_draft_step(cfg, drafter, target, device, attn)
+    opt, sched = build_optimizer(cfg, drafter.parameters())
+    gen = torch.Generator(device=device)  # reseeded per batch from (seed, g)
+    if last is not None:  # every drafter reads it: RUN must be on a shared filesystem
+        state = ckpt.load_checkpoint(last)
+        drafter.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        set_rng_state(gen, state["rng"])
+    # Gradients are averaged over the drafter subgroup only; targets never join.
+    model = DDP(
+        step_fn,
+        process_group=group,
+        device_ids=[device.index] if cuda else None,
+        broadcast_buffers=False,
+    )
+
+    logger = None
+    if lead:
+        extra = {"dirty_env": True} if env_record and env_record.get("dirty") else {}
+        logger = MetricsLogger(
+            run_dir,
+            config=cfg.to_dict(),
+            wandb_mode=cfg.wandb,
+            resume_step=start_step,
+            wandb_id=(record or {}).get("wandb_id"),
+            extra=extra,
+        )
+        if logger.wandb_id and not (record or {}).get("wandb_id"):
+            ckpt.update_run_record(run_dir, wandb_id=logger.wandb_id)
+
+    def save(at: int) -> None:
+        state = {
+            "model": drafter.state_dict(),
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            # The data position is the step: batch g is a function of g (target_rank.py).
+            "data": {"kind": "pipeline", "next_batch": at * layout.per_step},
+            "rng": rng_state(gen),
+            "step": at,
+        }
+        ckpt.save_checkpoint(run_dir, at, state, cfg.keep_last)
+
+    end = [cfg.max_steps]  # exclusive; lowered on a stop to drain what targets sent
+
+    def schedule():
+        s = start_step
+        while s < end[0]:
+            yield from layout.drafter_batches(d, s)
+            s += 1
+
+    rows, seq = cfg.rows, cfg.seq_len
+    feat_dim = len(target.layer_ids) * target.hidden_size
+    clock = Clock()
+    recv = Receiver(
+        layout, d, schedule(), cfg.max_in_flight, HEADER + 4 * rows * seq,
+        (rows, seq, feat_dim), dtype, device, cfg.dist_timeout, clock,
+    )  # fmt: skip
+    acc = Accumulator(cfg.block_size, device)
+    bad_route = torch.zeros((), dtype=torch.bool, device=device)
+    tokens = torch.zeros((), dtype=torch.int64, device=device)
+    heard = torch.zeros(layout.targets, len(COUNTERS), dtype=torch.int64, device=device)
+    prev_tel = torch.zeros(layout.world, len(COUNTERS), dtype=torch.int64)
+    ctrl_steps = set(control_steps(cfg, start_step))
+    ctrl_works: list = []
+    step, saved_at = start_step, (start_step if last is not None else None)
+    last_rec: dict[str, Any] = {}
+    stop = False
+    A = layout.accum
+
+    drafter.train()
+    while step < cfg.max_steps and not stop:
+        for a, (g, t) in enumerate(layout.drafter_batches(d, step)):
+            got = recv.get()
+            assert got is not None and got[0] == g, (got, g)
+            _, _, meta, feats = got
+            header, ids, mask, docs, pos = unpack_meta(meta, rows, seq)
+            with clock("compute"):
+                bad_route |= header[0] != g  # checked on the next logging step
+                heard[t].copy_(header[3:])  # the target's freshest telemetry
+                tokens.add_(header[1])
+                # Reduce gradients once per step, on the last micro-batch.
+                sync = model.no_sync() if a < A - 1 else contextlib.nullcontext()
+                with sync:
+                    loss, stats = micro_step(
+                        cfg, model, gen, g, ids, mask, docs, pos, feats, scale=A
+                    )
+                acc.add(loss, stats, A, header[1])
+        with clock("compute"):
+            grad_norm, lr = optimizer_step(cfg, drafter.parameters(), opt, sched)
+        step += 1
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            want_stop = flag.signum is not None
+            # Sync point (logging steps only): sums over drafters, telemetry by MAX.
+            extra = torch.stack([bad_route.double(), torch.tensor(float(want_stop), device=device)])
+            sums = torch.cat([acc.flat, extra])
+            dist.all_reduce(sums, group=group)
+            row = torch.tensor(clock.counters(), dtype=torch.int64, device=device)
+            row[COUNTERS.index("tokens")] = tokens
+            tel = torch.zeros(layout.world, len(COUNTERS), dtype=torch.int64, device=device)
+            tel[: layout.targets] = heard
+            tel[rank] = row
+            dist.all_reduce(tel, op=dist.ReduceOp.MAX, group=group)
+            acc.flat.copy_(sums[: acc.flat.numel()])
+            sums = sums.cpu()
+            if sums[-2] > 0:
+                raise RuntimeError("a drafter received a batch it was not routed (bug)")
+            stop = bool(sums[-1] > 0) and step < cfg.max_steps
+            n_logged = step % cfg.log_every or cfg.log_every
+            rec = acc.record(step, n_logged, n_ranks=layout.drafters)
+            acc.reset()
+            if rec.pop("_nonfinite"):
+                raise nonfinite_error(step, saved_at)
+            tel = tel.cpu()
+            pipe = summarize(layout, prev_tel, tel)
+            prev_tel = tel
+            rec.pop("_tokens")
+            if lead:
+                last_rec = {
+                    **rec,
+                    "lr": lr,
+                    "grad_norm": float(grad_norm),
+                    "tok_per_s": pipe["pipe/drafter_tok_per_s"],
+                    **pipe,
+                }
+                print(logger.log(last_rec), flush=True)
+                print(f"pipeline step {step}: {pipe['bottleneck']}", flush=True)
+            if lead and step in ctrl_steps:
+                msg = torch.tensor([int(stop)], dtype=torch.int64, device=device)
+                for tt in range(layout.targets):
+                    ctrl_works.append((dist.isend(msg, layout.target_rank(tt)), msg))
+        if lead and (stop or (cfg.save_every and step % cfg.save_every == 0)):
+            save(step)
+            saved_at = step
+    if stop:  # targets ran at most `lag` steps ahead: receive and drop what they sent
+        end[0] = min(step + control_lag(cfg) + 1, cfg.max_steps)
+        while recv.get() is not None:
+            pass
+    for w, _ in ctrl_works:
+        w.wait()
+    if lead:
+        if not stop:
+            if saved_at != step:
+                save(step)
+            ckpt.export_drafter(drafter, run_dir)
+        logger.close()
+    return {"role": "drafter", "index": d, "step": step, "interrupted": stop, "last": last_rec}

@@ -1,0 +1,89 @@
+"""How `dflash train` runs: one process, this rank of a torchrun job, or a self-launch.
+
+  - Under torchrun (WORLD_SIZE > 1): this process is one rank of the pipeline.
+  - --targets T --drafters D given, or several visible GPUs: re-run `dflash train` under
+    `torchrun --standalone --nproc-per-node N` (N = T + D, or all GPUs split 5:3), so
+    `docker run --gpus all ... dflash train` uses every GPU with no launcher of its own.
+  - Otherwise: the single-process trainer, unchanged.
+
+`python -m dflash.dist.launch FLAGS` runs one rank without the environment preflight
+(for tests and benchmarks that build their own torchrun command).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+from dflash.config import TrainConfig
+
+
+def plan(cfg: TrainConfig) -> tuple[str, int]:
+    """("rank" | "spawn" | "single", number of processes)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return "rank", int(os.environ["WORLD_SIZE"])
+    if cfg.targets and cfg.drafters:
+        n = cfg.targets + cfg.drafters
+        return ("spawn", n) if n > 1 else ("single", 1)
+    gpus = 0
+    if cfg.device != "cpu":
+        import torch
+
+        gpus = torch.cuda.device_count()
+    if gpus >= 2:
+        return "spawn", gpus
+    if cfg.targets or cfg.drafters:
+        raise ValueError(
+            "--targets and --drafters go together without GPUs (or set neither); "
+            f"got --targets {cfg.targets} --drafters {cfg.drafters}"
+        )
+    return "single", 1
+
+
+def config_argv(cfg: TrainConfig) -> list[str]:
+    """Flags that rebuild `cfg` exactly (presets already resolved into the fields)."""
+    argv: list[str] = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def torchrun_command(cfg: TrainConfig, nproc: int, module: str = "dflash.cli") -> list[str]:
+    head = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    head += ["--nproc-per-node", str(nproc), "-m", module]
+    return head + (["train"] if module == "dflash.cli" else []) + config_argv(cfg)
+
+
+def self_launch(cfg: TrainConfig, nproc: int) -> int:
+    """Run the job under torchrun on this machine and return its exit code."""
+    cmd = torchrun_command(cfg, nproc)
+    print("dflash train: launching " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.call(cmd, env=env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from dflash.dist.pipeline import run
+    from dflash.train_cli import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser(prog="python -m dflash.dist.launch")
+    add_arguments(parser)
+    cfg = config_from_args(parser.parse_args(argv))
+    summary = run(cfg)
+    return 128 + (summary["signal"] or 0) if summary["interrupted"] else 0
+
+
+if __name__ == "__main__":
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    sys.exit(main())

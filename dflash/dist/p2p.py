@@ -1,0 +1,167 @@
+"""Point-to-point transport of (metadata, features) from target ranks to drafter ranks.
+
+Wire format of one batch, two messages on one link, in this order:
+  meta  int64 [HEADER + 4*R*S]: header (global batch index, token/doc counts, the
+        sender's cumulative telemetry counters), then input_ids, loss_mask, doc_ids,
+        positions of the packed [R, S] batch. One tensor = one H2D copy + one message.
+  feats [R, S, k*H] target features (bf16 on GPU, fp32 on CPU).
+Shapes are fixed by the config (rows, seq_len), so receivers preallocate their buffers
+and nothing about the wire depends on the data.
+
+Every wait is bounded by --dist-timeout and failures name the peer: a dead or hung rank
+turns into an error on its neighbours instead of a silent hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from dflash.data.packing import PackedBatch
+from dflash.dist.telemetry import COUNTERS, Clock
+
+HEADER = 3 + len(COUNTERS)  # g, n_tokens, n_docs, counters...
+
+
+class PeerError(RuntimeError):
+    """A p2p transfer failed or timed out; the message names the peer rank and role."""
+
+
+def wait(work, timeout: float, what: str) -> None:
+    """Block until `work` is done. gloo: a host wait. NCCL: work.wait() would only make the
+    compute stream wait, so poll completion (an event query, not a device sync)."""
+    try:
+        if dist.get_backend() == "gloo":
+            work.wait(timedelta(seconds=timeout))
+            return
+        deadline, nap = time.monotonic() + timeout, 1e-5
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no progress for {timeout:.0f}s (--dist-timeout)")
+            time.sleep(nap)
+            nap = min(nap * 2, 1e-3)
+        work.wait()
+    except Exception as e:  # gloo raises RuntimeError/DistBackendError on a dead peer
+        raise PeerError(f"{what} failed: {type(e).__name__}: {e}") from e
+
+
+def pack_meta(batch: PackedBatch, g: int, counters: list[int], pin: bool) -> Tensor:
+    """Host int64 meta tensor of one batch (pinned when it will be copied to a GPU)."""
+    header = torch.tensor([g, batch.n_tokens, batch.n_docs, *counters], dtype=torch.int64)
+    body = torch.stack(
+        [batch.input_ids, batch.loss_mask.long(), batch.doc_ids, batch.positions]
+    ).view(-1)
+    meta = torch.cat([header, body])
+    return meta.pin_memory() if pin else meta
+
+
+def unpack_meta(meta: Tensor, rows: int, seq_len: int) -> tuple[Tensor, ...]:
+    """(header, input_ids, loss_mask, doc_ids, positions) as views/ops on the device."""
+    body = meta[HEADER:].view(4, rows, seq_len)
+    return meta[:HEADER], body[0], body[1].bool(), body[2], body[3]
+
+
+class Sender:
+    """Target side: isend to drafters with at most `depth` batches in flight per link.
+
+    A full link blocks the target (backpressure): that time is "waiting to send".
+    """
+
+    def __init__(self, layout, rank: int, depth: int, timeout: float, clock: Clock) -> None:
+        self.layout, self.rank, self.depth, self.timeout = layout, rank, depth, timeout
+        self.clock = clock
+        self.links: dict[int, deque] = {d: deque() for d in range(layout.drafters)}
+
+    def _retire(self, d: int, block: bool) -> None:
+        q = self.links[d]
+        while q and (block or all(w.is_completed() for w in q[0][0])):
+            works, g, _ = q.popleft()
+            for w in works:
+                who = self.layout.name(self.layout.drafter_rank(d))
+                wait(w, self.timeout, f"sending batch {g} to {who}")
+            block = False
+
+    def in_flight(self) -> int:
+        for d in self.links:
+            self._retire(d, block=False)
+        return sum(len(q) for q in self.links.values())
+
+    def send(self, d: int, g: int, meta: Tensor, feats: Tensor) -> None:
+        with self.clock("wait_send"):
+            while len(self.links[d]) >= self.depth:
+                self._retire(d, block=True)
+        peer = self.layout.drafter_rank(d)
+        works = [dist.isend(meta, peer), dist.isend(feats, peer)]
+        self.links[d].append((works, g, (meta, feats)))  # keep buffers alive until sent
+
+    def flush(self) -> None:
+        with self.clock("wait_send"):
+            for d, q in self.links.items():
+                while q:
+                    self._retire(d, block=True)
+
+
+class Receiver:
+    """Drafter side: irecv posted up to `depth` batches ahead into a ring of preallocated
+    buffers, so transfers overlap the training of the previous batch."""
+
+    def __init__(
+        self,
+        layout,
+        d: int,
+        schedule: Iterator[tuple[int, int]],  # (g, target) in order
+        depth: int,
+        meta_numel: int,
+        feat_shape: tuple[int, ...],
+        feat_dtype: torch.dtype,
+        device: torch.device,
+        timeout: float,
+        clock: Clock,
+    ) -> None:
+        self.layout, self.d, self.schedule, self.depth = layout, d, schedule, depth
+        self.timeout, self.clock = timeout, clock
+        # depth posted + 1 being trained on: a buffer is reused only after its batch's
+        # backward has been enqueued (NCCL orders the recv after the current stream).
+        self.free = [
+            (
+                torch.empty(meta_numel, dtype=torch.int64, device=device),
+                torch.empty(feat_shape, dtype=feat_dtype, device=device),
+            )
+            for _ in range(depth + 1)
+        ]
+        self.posted: deque = deque()
+        self.current = None
+
+    def _post(self) -> None:
+        while len(self.posted) < self.depth and self.free:
+            nxt = next(self.schedule, None)
+            if nxt is None:
+                return
+            g, t = nxt
+            meta, feats = self.free.pop()
+            src = self.layout.target_rank(t)
+            works = [dist.irecv(meta, src), dist.irecv(feats, src)]
+            self.posted.append((g, t, works, meta, feats))
+
+    def get(self) -> tuple[int, int, Tensor, Tensor] | None:
+        """Next (g, target, meta, feats), or None when the schedule is exhausted."""
+        if self.current is not None:
+            self.free.append(self.current)
+            self.current = None
+        self._post()
+        if not self.posted:
+            return None
+        g, t, works, meta, feats = self.posted.popleft()
+        with self.clock("wait_recv"):
+            for w in works:
+                who = self.layout.name(self.layout.target_rank(t))
+                wait(w, self.timeout, f"receiving batch {g} from {who}")
+        self.current = (meta, feats)
+        self._post()  # refill right away so the next transfer overlaps this batch
+        return g, t, meta, feats

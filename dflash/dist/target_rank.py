@@ -1,0 +1,122 @@
+"""Target rank: its share of the global batches -> frozen target -> features -> drafters.
+
+Target t produces global micro-batches g = t, t+T, t+2T, ... (dflash/dist/roles.py), each
+exactly the batch a single process would see as its g-th micro-batch, so the number of
+targets never changes what is trained. Control messages from drafter 0 (one per logging
+step, "go on" or "stop") keep targets at most `lag` steps ahead of the drafters, so a
+stop leaves a known number of batches on the wire, which the drafters drain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+import torch.distributed as dist
+
+from dflash.components import load_target, load_tokenizer, make_stream, resolve_attn
+from dflash.config import TrainConfig
+from dflash.dist.p2p import Sender, pack_meta, unpack_meta, wait
+from dflash.dist.roles import Layout
+from dflash.dist.telemetry import Clock
+
+
+def control_steps(cfg: TrainConfig, start_step: int) -> list[int]:
+    """Steps after which drafter 0 sends each target a go-on/stop message."""
+    return [s for s in range(cfg.log_every, cfg.max_steps, cfg.log_every) if s > start_step]
+
+
+def control_lag(cfg: TrainConfig) -> int:
+    """Targets may run this many steps past the last control message they have read.
+    >= max_in_flight so drafters' posted receives never outrun what targets will send."""
+    return cfg.log_every + cfg.max_in_flight
+
+
+class GlobalBatches:
+    """Global micro-batch g of the single-process stream (rank 0 of 1), for increasing g.
+
+    Random data is indexable (a pure function of the index). Packed real data is
+    sequential: every target packs the whole sequence and keeps its own batches, which
+    costs host tokenisation only, small next to the target forward it saves.
+    """
+
+    def __init__(self, stream, start: int) -> None:
+        self.stream, self.next = stream, start
+        self.indexable = hasattr(stream, "batch_at")
+        if not self.indexable:
+            self.next = 0
+            self._skip_to(start)
+
+    def _skip_to(self, g: int) -> None:
+        while self.next < g:
+            next(self.stream)
+            self.next += 1
+
+    def get(self, g: int):
+        if self.indexable:
+            return self.stream.batch_at(g)[0]
+        self._skip_to(g)
+        self.next += 1
+        return next(self.stream)
+
+
+def run_target(
+    cfg: TrainConfig, layout: Layout, rank: int, device: torch.device, start_step: int
+) -> dict:
+    _, t = layout.role(rank)
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    attn = resolve_attn(cfg, device)
+    tokenizer = load_tokenizer(cfg)
+    # TargetFeatures stops after the deepest selected layer: no later layers, no LM head.
+    target = load_target(cfg, tokenizer, device, dtype, attn)
+    source = GlobalBatches(make_stream(cfg, tokenizer), start_step * layout.per_step)
+    rows, seq = cfg.rows, cfg.seq_len
+    clock = Clock()
+    sender = Sender(layout, rank, cfg.max_in_flight, cfg.dist_timeout, clock)
+    lead = layout.drafter_rank(0)
+    pending = deque(control_steps(cfg, start_step))
+    lag = control_lag(cfg)
+    ctrl = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def read_control() -> bool:
+        s = pending.popleft()
+        with clock("wait_send"):  # waiting for drafters to catch up is waiting on them
+            wait(dist.irecv(ctrl, lead), cfg.dist_timeout, f"control of step {s} from rank {lead}")
+        return bool(ctrl.item())  # tiny host read, once per logging interval
+
+    stopped_at = None
+    sent = 0
+    for g, d in layout.target_batches(t, start_step, cfg.max_steps):
+        step = g // layout.per_step
+        while pending and pending[0] + lag < step and stopped_at is None:
+            s = pending[0]
+            if read_control():
+                stopped_at = s
+        if stopped_at is not None:
+            break
+        batch = source.get(g)  # host packing: counted as idle
+        with clock("compute"):
+            # One pinned H2D copy of all metadata; the target reads views of it.
+            meta = pack_meta(batch, g, clock.counters(), pin=cuda).to(device, non_blocking=True)
+            _, ids, _, docs, pos = unpack_meta(meta, rows, seq)
+            feats = target(ids, pos, docs)
+            if cuda:
+                # Charge the forward to compute (not to the send wait) without a full
+                # device sync: poll one event.
+                done = torch.cuda.Event()
+                done.record()
+                while not done.query():
+                    time.sleep(1e-4)
+        clock.in_flight += sender.in_flight()
+        clock.n += 1
+        clock.tokens += batch.n_tokens
+        sender.send(d, g, meta, feats)
+        sent += 1
+    sender.flush()
+    while pending and stopped_at is None:  # match every control message drafter 0 sends
+        s = pending[0]
+        if read_control():
+            stopped_at = s
+    return {"role": "target", "index": t, "batches": sent, "stopped_at": stopped_at}

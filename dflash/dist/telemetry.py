@@ -1,0 +1,107 @@
+"""Per-rank time accounting and the one-line bottleneck verdict of every logging step.
+
+Each rank keeps cumulative counters (microseconds computing, waiting to send, waiting to
+receive, elapsed; batches in flight; tokens). They only grow, so the freshest values of
+every rank are an elementwise MAX: targets ride theirs on each batch header, drafters
+fill their own row, and one all_reduce(MAX) among drafters on a logging step gathers the
+whole pipeline. Differences between two logging steps give the fractions below;
+idle = elapsed - compute - waits (data loading, packing, logging, checkpoints).
+
+On GPU the host clock sees kernel launches, not kernels: targets wait on an event after
+the forward (charged to compute) and drafters run at most one CUDA queue ahead, so over a
+logging interval the host fractions track the device's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from torch import Tensor
+
+COUNTERS = ("compute_us", "wait_send_us", "wait_recv_us", "elapsed_us", "in_flight", "n", "tokens")
+_C = {name: i for i, name in enumerate(COUNTERS)}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter_ns()
+        self.ns = {"compute": 0, "wait_send": 0, "wait_recv": 0}
+        self.in_flight = 0  # sum of links' occupancy sampled at each send
+        self.n = 0  # samples of in_flight
+        self.tokens = 0
+
+    @contextlib.contextmanager
+    def __call__(self, kind: str):
+        t = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            self.ns[kind] += time.perf_counter_ns() - t
+
+    def counters(self) -> list[int]:
+        elapsed = time.perf_counter_ns() - self.t0
+        n = self.ns
+        us = [n["compute"] // 1000, n["wait_send"] // 1000, n["wait_recv"] // 1000]
+        return [*us, elapsed // 1000, self.in_flight, self.n, self.tokens]
+
+
+def _fractions(delta: Tensor) -> dict[str, float]:
+    el = max(float(delta[_C["elapsed_us"]]), 1.0)
+    out = {k: float(delta[_C[f"{k}_us"]]) / el for k in ("compute", "wait_send", "wait_recv")}
+    out["idle"] = max(0.0, 1.0 - sum(out.values()))
+    n = float(delta[_C["n"]])
+    out["in_flight"] = float(delta[_C["in_flight"]]) / n if n else 0.0
+    out["tok_per_s"] = float(delta[_C["tokens"]]) / (el / 1e6)
+    return out
+
+
+def verdict(t_wait: float, d_wait: float, t_idle: float, d_idle: float) -> str:
+    """The bottleneck, named from how long each side waits on the other."""
+    if t_wait >= d_wait and t_wait > 0.1:
+        line = (
+            f"targets wait {t_wait:.0%} on drafters: add drafters or lower "
+            "--max-anchors/--draft-layers"
+        )
+    elif d_wait > 0.1:
+        line = (
+            f"drafters wait {d_wait:.0%} on targets: add targets (the drafters have spare "
+            "capacity: --max-anchors can grow for free)"
+        )
+    else:
+        line = f"balanced: targets wait {t_wait:.0%}, drafters wait {d_wait:.0%}"
+    idle = max((t_idle, "targets"), (d_idle, "drafters"))
+    if idle[0] > 0.3:
+        line += f"; {idle[1]} idle {idle[0]:.0%} (data loading, logging, checkpoints)"
+    return line
+
+
+def summarize(layout, prev: Tensor, cur: Tensor) -> dict[str, Any]:
+    """Metrics of the interval between two gathered [world, COUNTERS] snapshots (CPU)."""
+    ranks = []
+    for r in range(layout.world):
+        role, i = layout.role(r)
+        ranks.append({"rank": r, "role": role, "index": i, **_fractions(cur[r] - prev[r])})
+
+    def mean(role: str, key: str) -> float:
+        vals = [x[key] for x in ranks if x["role"] == role]
+        return sum(vals) / len(vals)
+
+    def total(role: str) -> float:
+        return sum(x["tok_per_s"] for x in ranks if x["role"] == role)
+
+    t_wait, d_wait = mean("target", "wait_send"), mean("drafter", "wait_recv")
+    line = verdict(t_wait, d_wait, mean("target", "idle"), mean("drafter", "idle"))
+    flat: dict[str, Any] = {
+        "pipe/target_tok_per_s": total("target"),
+        "pipe/drafter_tok_per_s": total("drafter"),
+        "pipe/target_wait_send": t_wait,
+        "pipe/drafter_wait_recv": d_wait,
+        "pipe/target_compute": mean("target", "compute"),
+        "pipe/drafter_compute": mean("drafter", "compute"),
+        "pipe/target_idle": mean("target", "idle"),
+        "pipe/drafter_idle": mean("drafter", "idle"),
+        "pipe/in_flight": mean("target", "in_flight"),
+    }
+    return {**flat, "bottleneck": line, "ranks": ranks}
