@@ -168,7 +168,7 @@ def run_drafter(
             row = torch.tensor(clock.counters(), dtype=torch.int64, device=device)
             row[COUNTERS.index("tokens")] = tokens
             tel = torch.zeros(layout.world, len(COUNTERS), dtype=torch.int64, device=device)
-            tel[: layout.targets] = heard
+            tel[layout.target_rank(0) : layout.target_rank(0) + layout.targets] = heard
             tel[rank] = row
             dist.all_reduce(tel, op=dist.ReduceOp.MAX, group=group)
             acc.flat.copy_(sums[: acc.flat.numel()])

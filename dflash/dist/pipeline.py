@@ -65,7 +65,7 @@ def _start(cfg: TrainConfig, layout: Layout, rank: int, device: torch.device):
     if int(status[0]):
         raise RuntimeError(f"{layout.name(lead)} refused to start (see its message)")
     step = int(status[1])
-    if cfg.resume and rank != lead and rank >= layout.targets:
+    if cfg.resume and rank != lead and layout.role(rank)[0] == "drafter":
         last = ckpt.latest_checkpoint(Path(cfg.out))
         if last is None or ckpt.load_checkpoint(last)["step"] != step:
             raise RuntimeError(

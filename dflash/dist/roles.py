@@ -1,6 +1,8 @@
 """Who does what: ranks -> roles, and the deterministic batch routing between them.
 
-Global ranks [0, T) are targets, [T, T + D) are drafters. Optimizer step s trains the
+Global ranks [0, D) are drafters, [D, D + T) are targets: drafter 0 is global rank 0,
+the rank that writes checkpoints, metrics and the exported drafter (transformers'
+save_pretrained writes on global rank 0 only). Optimizer step s trains the
 M = D * grad_accum global micro-batches g in [s*M, (s+1)*M): exactly the micro-batches a
 single process with grad_accum = M would see at step s. Batch g is
   - produced by target  g % T            (round robin: every target does M/T per step),
@@ -58,19 +60,19 @@ class Layout:
 
     def role(self, rank: int) -> tuple[str, int]:
         """('target', t) or ('drafter', d) of a global rank."""
-        if rank < self.targets:
-            return "target", rank
-        return "drafter", rank - self.targets
+        if rank < self.drafters:
+            return "drafter", rank
+        return "target", rank - self.drafters
 
     def name(self, rank: int) -> str:
         role, i = self.role(rank)
         return f"rank {rank} ({role} {i})"
 
     def target_rank(self, t: int) -> int:
-        return t
+        return self.drafters + t
 
     def drafter_rank(self, d: int) -> int:
-        return self.targets + d
+        return d
 
     def target_of(self, g: int) -> int:
         return g % self.targets

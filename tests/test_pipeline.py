@@ -1,0 +1,192 @@
+"""The target/drafter pipeline as real torch.distributed processes (torchrun, gloo, CPU).
+
+Each run is a `torchrun --standalone` job (it picks a free rendezvous port) in its own
+session, killed as a whole if a test fails or times out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash.config import TrainConfig
+from dflash.dist.launch import config_argv, plan
+from dflash.dist.roles import Layout, default_split, resolve_split
+from dflash.dist.telemetry import verdict
+from dflash.train import train
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start(nproc: int, out: Path, *flags: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc-per-node", str(nproc), "-m", "dflash.dist.launch"]
+    cmd += ["--out", str(out), "--wandb", "off", *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own process group: killable as a whole
+    )  # fmt: skip
+
+
+def finish(proc: subprocess.Popen, timeout: float = 150) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the job's own group: torchrun and its ranks
+        out, _ = proc.communicate()
+        pytest.fail(f"pipeline run exceeded {timeout}s:\n{out[-4000:]}")
+    return proc.returncode, out
+
+
+def run_ok(nproc: int, out: Path, *flags: str) -> str:
+    rc, log = finish(start(nproc, out, *flags))
+    assert rc == 0, log[-4000:]
+    return log
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def single_process_losses(tmp_path: Path, name: str, **kw) -> list[float]:
+    torch.set_num_threads(1)
+    train(TrainConfig(out=str(tmp_path / name), wandb="off", **kw))
+    return [r["loss"] for r in records(tmp_path / name)]
+
+
+@pytest.mark.parametrize("targets, drafters, accum", [(1, 1, 1), (2, 2, 1), (5, 3, 2), (3, 2, 3)])
+def test_routing_gives_every_step_the_single_process_batches(targets, drafters, accum):
+    lay = Layout(targets, drafters, accum)
+    steps = 4
+    produced = sorted(g for t in range(targets) for g, _ in lay.target_batches(t, 1, 1 + steps))
+    assert produced == list(range(lay.per_step, (1 + steps) * lay.per_step))
+    for s in range(1, 1 + steps):
+        trained = [lay.drafter_batches(d, s) for d in range(drafters)]
+        assert all(len(b) == accum for b in trained)  # equal work per drafter per step
+        assert sorted(g for b in trained for g, _ in b) == list(
+            range(s * lay.per_step, (s + 1) * lay.per_step)
+        )
+        # Both ends agree on who sends what to whom.
+        for d, batch in enumerate(trained):
+            for g, t in batch:
+                assert (g, d) in set(lay.target_batches(t, s, s + 1))
+
+
+def test_split_and_launch_plan():
+    assert default_split(8) == (5, 3) and default_split(2) == (1, 1)
+    assert resolve_split(0, 1, 4) == (3, 1)
+    with pytest.raises(ValueError, match="--targets 2 \\+ --drafters 1 must equal"):
+        resolve_split(2, 1, 4)
+    cfg = TrainConfig(out="x", targets=2, drafters=2, device="cpu")
+    assert plan(cfg) == ("spawn", 4)
+    assert plan(TrainConfig(out="x", device="cpu")) == ("single", 1)
+    with pytest.raises(ValueError, match="--targets and --drafters go together"):
+        plan(TrainConfig(out="x", drafters=2, device="cpu"))
+    import argparse
+
+    from dflash.train_cli import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args(config_argv(cfg))) == cfg
+
+
+def test_verdict_names_the_slow_side():
+    assert verdict(0.62, 0.01, 0.0, 0.0).startswith("targets wait 62% on drafters")
+    assert verdict(0.0, 0.4, 0.0, 0.0).startswith("drafters wait 40% on targets")
+    assert verdict(0.02, 0.03, 0.0, 0.0).startswith("balanced")
+
+
+def test_two_plus_two_matches_single_process(tmp_path):
+    """Same data, seed and global batch (2 drafters x 1 micro-batch = grad_accum 2): the
+    tiny preset trained to completion by 4 processes reproduces one process's losses."""
+    log = run_ok(4, tmp_path / "pipe", "--targets", "2", "--drafters", "2")
+    pipe = records(tmp_path / "pipe")
+    ref = single_process_losses(tmp_path, "single", grad_accum=2)
+    assert [r["step"] for r in pipe] == [5, 10, 15, 20, 25, 30]
+    assert [r["loss"] for r in pipe] == pytest.approx(ref, rel=1e-5, abs=0)
+    assert (tmp_path / "pipe" / "drafter" / "model.safetensors").exists()
+    assert "pipeline step 30:" in log
+    ranks = pipe[-1]["ranks"]
+    assert [(r["role"], r["index"]) for r in ranks] == [
+        ("drafter", 0), ("drafter", 1), ("target", 0), ("target", 1)
+    ]  # fmt: skip
+    for r in ranks:  # every rank reported: fractions of wall time that add up
+        parts = r["compute"] + r["wait_send"] + r["wait_recv"] + r["idle"]
+        assert r["compute"] > 0 and parts == pytest.approx(1.0, abs=0.02)
+    assert pipe[-1]["pipe/target_tok_per_s"] > 0 and pipe[-1]["pipe/drafter_tok_per_s"] > 0
+
+
+def _rank_pids(torchrun_pid: int) -> dict[int, int]:
+    """RANK -> pid of torchrun's worker processes (read from /proc)."""
+    found = {}
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid != torchrun_pid:
+                continue
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        for kv in env:
+            if kv.startswith(b"RANK="):
+                found[int(kv[5:])] = pid
+    return found
+
+
+def test_killed_rank_ends_job_naming_it_and_resume_continues(tmp_path):
+    run = tmp_path / "run"
+    flags = ["--targets", "1", "--drafters", "1", "--max-steps", "120"]
+    flags += ["--log-every", "4", "--save-every", "4"]
+    proc = start(2, run, *flags)
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints" / "step_00000004").exists():
+        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.05)
+    pids = _rank_pids(proc.pid)
+    assert set(pids) == {0, 1}, pids
+    os.kill(pids[1], signal.SIGKILL)  # the target, mid-run
+    killed = time.monotonic()
+    rc, log = finish(proc, timeout=90)
+    took = time.monotonic() - killed
+    print(f"job ended {took:.1f}s after the kill, exit {rc}")
+    assert rc != 0 and took < 60
+    assert "rank 1 (target 0)" in log, log[-4000:]  # the survivor names the dead peer
+    for pid in pids.values():  # nothing left behind (reaped, or gone)
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+
+    run_ok(2, run, *flags, "--resume")
+    recs = records(run)
+    assert [r["step"] for r in recs] == list(range(4, 121, 4))
+    ref = single_process_losses(tmp_path, "single", max_steps=120, log_every=4)
+    assert [r["loss"] for r in recs] == pytest.approx(ref, rel=1e-5, abs=0)
+
+
+@pytest.mark.parametrize(
+    "flags, expect",
+    [
+        (["--draft-layers", "6", "--max-anchors", "64"], "targets wait"),
+        (["--draft-layers", "1", "--max-anchors", "1"], "drafters wait"),
+    ],
+)
+def test_bottleneck_line_names_the_slow_side(tmp_path, flags, expect):
+    """Drafters made expensive (deep, many anchors) or nearly free: the verdict flips."""
+    base = ["--targets", "1", "--drafters", "1", "--max-steps", "20", "--log-every", "5"]
+    run_ok(2, tmp_path / "run", *base, *flags)
+    lines = [r["bottleneck"] for r in records(tmp_path / "run")]
+    print(lines)
+    # The first interval holds start-up; the rest must all name the slow side.
+    assert all(line.startswith(expect) for line in lines[1:]), lines
