@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("dflash.envcheck.env_cli", "environment fingerprint and manifest"),
     "eval": ("dflash.eval_cli", "speculative decoding with a drafter: tau, speedup, lossless"),
     "regen": ("dflash.regen_cli", "regenerate responses with the target (local or OpenAI server)"),
+    "bench": ("dflash.bench.cli", "throughput benchmark against a stored baseline"),
 }
 
 

@@ -1,0 +1,200 @@
+"""`dflash bench`: run a workload, keep the record, compare with the accepted baseline.
+
+  dflash bench run [--workload tiny-cpu] [--repeats N] [--image IMG] [--store DIR]
+  dflash bench accept [RECORD] [--workload W] [--reason TEXT] [--force]
+  dflash bench compare BASELINE CURRENT      (record ids or files)
+  dflash bench history [--workload W] [--out DIR]
+  dflash bench list [--workload W]
+Exit codes: 0 pass / improvement / no baseline yet, 1 regression, 3 refused
+(not comparable), 2 usage or run failure.
+First run of a (hardware, workload, CUDA variant) key: the record becomes the baseline
+automatically if the doctor finds the environment clean (otherwise it is only
+recorded); later runs compare against it until `dflash bench accept` promotes another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from dflash.bench.compare import ALPHA, MIN_EFFECT, Comparison, compare
+from dflash.bench.store import STORE_ENV, Store, baseline_key
+from dflash.bench.workloads import WORKLOADS
+
+RECORD_MARKER = "DFLASH_BENCH_RECORD:"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    store_help = f"results store (default ${STORE_ENV} or ~/.cache/dflash/bench)"
+
+    run = sub.add_parser("run", help="run a workload and compare with its baseline")
+    run.add_argument("--workload", default="tiny-cpu", choices=sorted(WORKLOADS))
+    run.add_argument("--repeats", type=int, help="override the workload's repeat count")
+    run.add_argument("--store", help=store_help)
+    run.add_argument("--image", help="run inside this image (e.g. dflash:cu128)")
+    run.add_argument("--engine", default="auto", choices=("auto", "docker", "buildah"))
+    run.add_argument("--no-auto-accept", action="store_true", help="never auto-accept")
+    run.add_argument("--alpha", type=float, default=ALPHA, help="significance level")
+    run.add_argument("--min-effect", type=float, default=MIN_EFFECT, help="e.g. 0.05 = 5%%")
+    run.add_argument("--json-out", help="also write the record to this file")
+    run.add_argument("--emit", action="store_true", help=argparse.SUPPRESS)  # in-image half
+
+    acc = sub.add_parser("accept", help="promote a record to its key's baseline")
+    acc.add_argument("record", nargs="?", help="record id or file (default: latest)")
+    acc.add_argument("--workload", default="tiny-cpu")
+    acc.add_argument("--reason", default="accepted by hand")
+    acc.add_argument("--force", action="store_true", help="accept a dirty-environment run")
+    acc.add_argument("--store", help=store_help)
+
+    cmp_ = sub.add_parser("compare", help="compare two records")
+    cmp_.add_argument("baseline")
+    cmp_.add_argument("current")
+    cmp_.add_argument("--alpha", type=float, default=ALPHA)
+    cmp_.add_argument("--min-effect", type=float, default=MIN_EFFECT)
+    cmp_.add_argument("--json", action="store_true")
+    cmp_.add_argument("--store", help=store_help)
+
+    hist = sub.add_parser("history", help="markdown report and PNG of tok/s over time")
+    hist.add_argument("--workload", default="tiny-cpu")
+    hist.add_argument("--out", default="bench-report")
+    hist.add_argument("--store", help=store_help)
+
+    ls = sub.add_parser("list", help="list stored records")
+    ls.add_argument("--workload")
+    ls.add_argument("--store", help=store_help)
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the workload here (this interpreter) and build its record."""
+    from dflash.bench.hardware import hardware_fingerprint
+    from dflash.bench.record import build_record, collect_environment
+    from dflash.bench.runner import run_repeats, summarize
+    from dflash.bench.workloads import get_workload
+
+    w = get_workload(args.workload)
+    if args.repeats:
+        w = w.with_changes(repeats=args.repeats)
+    env = collect_environment(_log)
+    _log(f"dflash bench: {w.name} ({w.topology}), {w.repeats} repeats x {w.steps} steps")
+    repeats = run_repeats(w, _log)
+    return build_record(w, repeats, summarize(w, repeats), hardware_fingerprint(), env)
+
+
+def verdict_for(store: Store, rec: dict[str, Any], args) -> tuple[Comparison | None, Any]:
+    base = store.baseline(baseline_key(rec))
+    if base is None:
+        return None, None
+    return compare(base, rec, args.alpha, args.min_effect), base
+
+
+def do_run(args: argparse.Namespace) -> int:
+    from dflash.bench.report import comparison_lines, run_summary
+
+    if args.image:
+        from dflash.bench.image import run_in_image
+
+        rec = run_in_image(args, _log)
+    else:
+        rec = measure(args)
+    if args.emit:  # inside an image: hand the record to the host, which stores it
+        print(RECORD_MARKER + json.dumps(rec), flush=True)
+        return 0
+    store = Store(args.store)
+    comp, base = verdict_for(store, rec, args)
+    rec["comparison"] = comp.to_dict() if comp else None
+    path = store.add(rec)
+    print("\n".join(run_summary(rec)))
+    print(f"record: {path}")
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(rec, f, indent=1, sort_keys=True)
+    if comp is None:
+        return first_run(store, rec, args)
+    print("\n".join(comparison_lines(base, rec, comp)))
+    return comp.exit_code
+
+
+def first_run(store: Store, rec: dict[str, Any], args: argparse.Namespace) -> int:
+    key = baseline_key(rec)
+    if args.no_auto_accept or rec["environment"]["dirty"]:
+        why = "the environment is dirty" if rec["environment"]["dirty"] else "--no-auto-accept"
+        print(f"no baseline for {key}; recorded only ({why}). Promote with `just bench-accept`.")
+        return 0
+    if store.accept(rec, reason="first clean run of this key (auto)", only_if_absent=True):
+        print(f"no baseline for {key}: this run is now the baseline (auto-accepted)")
+    else:
+        print(f"a concurrent run became the baseline of {key} first; this one is recorded")
+    return 0
+
+
+def do_accept(args: argparse.Namespace) -> int:
+    store = Store(args.store)
+    if args.record:
+        rec = store.find(args.record)
+    else:
+        recs = store.records(args.workload)
+        if not recs:
+            print(f"no records of {args.workload} in {store.root}", file=sys.stderr)
+            return 2
+        rec = recs[-1]
+    if rec["environment"].get("dirty") and not args.force:
+        print(f"record {rec['id']} ran in a dirty environment; --force to accept it anyway")
+        return 2
+    old = store.baseline(baseline_key(rec))
+    store.accept(rec, reason=args.reason)
+    print(f"baseline of {baseline_key(rec)}: {old['id'] if old else 'none'} -> {rec['id']}")
+    return 0
+
+
+def do_compare(args: argparse.Namespace) -> int:
+    from dflash.bench.report import comparison_lines
+
+    store = Store(args.store)
+    base, cur = store.find(args.baseline), store.find(args.current)
+    comp = compare(base, cur, args.alpha, args.min_effect)
+    if args.json:
+        print(json.dumps(comp.to_dict(), indent=1))
+    else:
+        print("\n".join(comparison_lines(base, cur, comp)))
+    return comp.exit_code
+
+
+def do_list(args: argparse.Namespace) -> int:
+    store = Store(args.store)
+    for r in store.records(args.workload):
+        c = r.get("comparison") or {}
+        print(
+            f"{r['id']}  {r['workload']['name']:<14} {r['summary']['median']:>12,.0f} "
+            f"{r['summary']['unit']:<10} {c.get('verdict', '-'):<11} "
+            f"{str(r['environment']['key'])[:16]}"
+        )
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from dflash.bench.runner import RepeatFailed
+
+    try:
+        if args.action == "run":
+            return do_run(args)
+        if args.action == "accept":
+            return do_accept(args)
+        if args.action == "compare":
+            return do_compare(args)
+        if args.action == "history":
+            from dflash.bench.history import write_history
+
+            md, png = write_history(Store(args.store), args.workload, args.out)
+            print(f"wrote {md} and {png}")
+            return 0
+        return do_list(args)
+    except (RepeatFailed, KeyError, OSError, RuntimeError) as exc:
+        print(f"dflash bench {args.action}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,141 @@
+"""Compare a run with a baseline: like with like only, then a verdict with evidence.
+
+Refusal comes first: a different workload hash, topology, hardware key, CUDA variant
+or metric means the numbers measure different things, and the answer is the reason,
+not a ratio. Otherwise (asv's rule): a change is real when the one-sided Mann-Whitney
+U test on per-repeat throughput is significant AND the Hodges-Lehmann ratio is beyond
+the minimum effect. Either alone is not enough: with many samples tiny drifts become
+significant, and with few samples large ratios can be noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflash.bench import stats
+from dflash.bench.workloads import describe_difference
+
+ALPHA = 0.05
+MIN_EFFECT = 0.05  # ratio below 0.95 (or above 1/0.95) to count as a change
+
+
+@dataclass
+class Comparison:
+    verdict: str  # "pass" | "regression" | "improvement" | "refused"
+    reasons: list[str] = field(default_factory=list)  # why refused
+    ratio: float | None = None
+    ci: tuple[float, float] | None = None
+    confidence: float | None = None
+    p_slower: float | None = None
+    p_faster: float | None = None
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    baseline_id: str | None = None
+    current_id: str | None = None
+    alpha: float = ALPHA
+    min_effect: float = MIN_EFFECT
+
+    @property
+    def exit_code(self) -> int:
+        return {"pass": 0, "improvement": 0, "regression": 1}.get(self.verdict, 3)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "reasons": self.reasons,
+            "ratio": self.ratio,
+            "ci": list(self.ci) if self.ci else None,
+            "confidence": self.confidence,
+            "p_slower": self.p_slower,
+            "p_faster": self.p_faster,
+            "stages": self.stages,
+            "baseline_id": self.baseline_id,
+            "alpha": self.alpha,
+            "min_effect": self.min_effect,
+        }
+
+
+def refusal_reasons(base: dict[str, Any], cur: dict[str, Any]) -> list[str]:
+    reasons = []
+    bw, cw = base["workload"], cur["workload"]
+    if bw["name"] != cw["name"]:
+        reasons.append(f"different workloads: baseline {bw['name']!r}, this run {cw['name']!r}")
+    if bw["topology"] != cw["topology"]:
+        reasons.append(f"different topology: baseline {bw['topology']}, this run {cw['topology']}")
+    if bw["hash"] != cw["hash"]:
+        changed = describe_difference(
+            {k: v for k, v in bw["definition"].items() if k != "repeats"},
+            {k: v for k, v in cw["definition"].items() if k != "repeats"},
+        )
+        reasons.append(
+            f"different workload definition (hash {bw['hash'][:12]} vs {cw['hash'][:12]}): "
+            + "; ".join(changed[:6])
+        )
+    bh, ch = base["hardware"], cur["hardware"]
+    if bh["key"] != ch["key"]:
+        diffs = [
+            f"{k}: {bh.get(k)} -> {ch.get(k)}"
+            for k in ("cpu_model", "cpu_count", "gpu_models", "gpu_count")
+            if bh.get(k) != ch.get(k)
+        ]
+        reasons.append("different hardware: " + "; ".join(diffs))
+    bv, cv = base["environment"].get("variant"), cur["environment"].get("variant")
+    if bv != cv:
+        reasons.append(f"different CUDA variant: baseline {bv}, this run {cv}")
+    if base["summary"]["metric"] != cur["summary"]["metric"]:
+        reasons.append(
+            f"different metric: {base['summary']['metric']} vs {cur['summary']['metric']}"
+        )
+    return reasons
+
+
+def stage_changes(base: dict[str, Any], cur: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-stage median time per step, baseline vs now, largest added time first."""
+    b, c = base["summary"]["stages_s"], cur["summary"]["stages_s"]
+    b_step, c_step = base["summary"]["step_s"], cur["summary"]["step_s"]
+    rows = []
+    for name in sorted(set(b) | set(c)):
+        tb, tc = b.get(name, 0.0), c.get(name, 0.0)
+        rows.append(
+            {
+                "stage": name,
+                "baseline_ms": tb * 1e3,
+                "current_ms": tc * 1e3,
+                "ratio": tc / tb if tb > 0 else None,
+                "delta_ms": (tc - tb) * 1e3,
+                # Share of the step-time change: which stage explains the slowdown.
+                "share": (tc - tb) / (c_step - b_step) if abs(c_step - b_step) > 1e-12 else None,
+            }
+        )
+    return sorted(rows, key=lambda r: -r["delta_ms"])
+
+
+def compare(
+    base: dict[str, Any],
+    cur: dict[str, Any],
+    alpha: float = ALPHA,
+    min_effect: float = MIN_EFFECT,
+) -> Comparison:
+    out = Comparison(
+        verdict="refused",
+        baseline_id=base.get("id"),
+        current_id=cur.get("id"),
+        alpha=alpha,
+        min_effect=min_effect,
+    )
+    out.reasons = refusal_reasons(base, cur)
+    if out.reasons:
+        return out
+    x, y = cur["summary"]["samples"], base["summary"]["samples"]
+    out.ratio, lo, hi, out.confidence = stats.log_ratio(x, y, 1.0 - alpha)
+    out.ci = (lo, hi)
+    out.p_slower = stats.mann_whitney_less(x, y)
+    out.p_faster = stats.mann_whitney_less(y, x)
+    out.stages = stage_changes(base, cur)
+    if out.p_slower < alpha and out.ratio < 1.0 - min_effect:
+        out.verdict = "regression"
+    elif out.p_faster < alpha and out.ratio > 1.0 / (1.0 - min_effect):
+        out.verdict = "improvement"
+    else:
+        out.verdict = "pass"
+    return out

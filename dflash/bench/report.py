@@ -1,0 +1,67 @@
+"""Human report of one run and of its comparison with the baseline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflash.bench.compare import Comparison
+from dflash.bench.envdiff import environment_diff
+from dflash.bench.hardware import describe
+
+
+def run_summary(rec: dict[str, Any]) -> list[str]:
+    s, w = rec["summary"], rec["workload"]
+    samples = ", ".join(f"{v:,.0f}" for v in s["samples"])
+    env = rec["environment"]
+    lines = [
+        f"workload {w['name']} ({w['topology']}, hash {w['hash'][:12]}) on {describe(rec['hardware'])}",
+        f"environment {env['kind']} {str(env['key'])[:16]} variant {env['variant']} "
+        f"runner {env['runner']}{' DIRTY' if env.get('dirty') else ''}",
+        f"throughput: median {s['median']:,.0f} {s['unit']} over {len(s['samples'])} repeats "
+        f"[{samples}]",
+        f"wall-clock tok/s per repeat: {', '.join(f'{v:,.0f}' for v in s['wall_tok_per_s'])}",
+        f"per repeat: import {s['import_s']:.1f} s, build {s['build_s']:.1f} s, first step "
+        f"{s['first_step_s']:.2f} s (compile/lazy init ~{s['compile_s']:.2f} s), warm-up "
+        f"{s['warmup_s']:.2f} s, steady step {s['step_s'] * 1e3:.1f} ms",
+        "stages (median ms/step): "
+        + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in s["stages_s"].items()),
+    ]
+    if s.get("pipeline_efficiency") is not None:
+        lines.append(f"pipeline efficiency: {s['pipeline_efficiency']:.1%}")
+    return lines
+
+
+def comparison_lines(base: dict[str, Any], cur: dict[str, Any], c: Comparison) -> list[str]:
+    head = f"baseline {base.get('id')} ({base.get('time')}, git {str(base['git'].get('revision'))[:10]})"
+    if c.verdict == "refused":
+        return [
+            f"REFUSED: this run is not comparable with {head}:",
+            *[f"  - {r}" for r in c.reasons],
+            "Accept a baseline for it with `just bench-accept` if the change is intended.",
+        ]
+    assert c.ratio is not None and c.ci is not None
+    pct = (c.ratio - 1.0) * 100
+    lines = [
+        f"{c.verdict.upper()}: {c.ratio:.3f}x the {head} ({pct:+.1f}%), "
+        f"{c.confidence:.0%} CI [{c.ci[0]:.3f}, {c.ci[1]:.3f}], "
+        f"Mann-Whitney p(slower)={c.p_slower:.4f} p(faster)={c.p_faster:.4f} "
+        f"(alpha {c.alpha}, minimum effect {c.min_effect:.0%})",
+        "stage times (median ms/step, baseline -> now):",
+    ]
+    for r in c.stages:
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "new"
+        share = f", {r['share']:.0%} of the step change" if r["share"] is not None else ""
+        lines.append(
+            f"  {r['stage']:<12} {r['baseline_ms']:9.2f} -> {r['current_ms']:9.2f} ({ratio}{share})"
+        )
+    if c.verdict == "regression" and c.stages:
+        worst = c.stages[0]
+        lines.append(f"slowest-growing stage: {worst['stage']} (+{worst['delta_ms']:.2f} ms/step)")
+    diff = environment_diff(base, cur)
+    lines.append(
+        "environment changes since the baseline:" if diff else "no environment change found"
+    )
+    lines += [f"  {d}" for d in diff[:40]]
+    if len(diff) > 40:
+        lines.append(f"  ... {len(diff) - 40} more (dflash bench compare --json)")
+    return lines

@@ -1,0 +1,182 @@
+"""One benchmark repeat, in its own process: `python -m dflash.bench.worker SPEC OUT`.
+
+Times, separately: imports, building the models, the first step (lazy init and
+torch.compile), the remaining warm-up steps, then the steady-state steps that the
+comparison uses. Each steady step records its tokens/s and per-stage times:
+  data       host: next packed batch
+  transfer   host -> device copy
+  target     frozen target forward (features)
+  anchors    anchor sampling
+  drafter_fwd, drafter_bwd, optimizer
+  wait       time the host spent waiting for the device at the end of the step
+On CPU every stage is synchronous and timed with the host clock. On CUDA the stages
+are timed with events (no sync between stages, so the host can still run ahead
+within a step) and the step ends with one synchronize, charged to `wait`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_T0 = time.perf_counter()
+STAGES = ("data", "transfer", "target", "anchors", "drafter_fwd", "drafter_bwd", "optimizer")
+# Variables that change CPU/GPU speed without changing an installed file.
+SETTING_PREFIXES = (
+    "OMP_", "MKL_", "KMP_", "GOMP_", "ATEN_", "DNNL_", "ONEDNN_", "OPENBLAS_", "CUDA_",
+    "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "LD_", "NVIDIA_", "CUBLAS", "CUDNN",
+)  # fmt: skip
+
+
+def relevant_variables(environ: dict[str, str] | None = None) -> dict[str, str]:
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(env.items()) if k.startswith(SETTING_PREFIXES)}
+
+
+class StageClock:
+    """Per-stage durations of one step: host clock on CPU, CUDA events on GPU."""
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.cuda = device.type == "cuda"
+        self.torch = torch
+        self.marks: list[tuple[str, Any]] = []
+
+    def start(self) -> None:
+        self.marks = [("", self._now())]
+
+    def mark(self, stage: str) -> None:
+        self.marks.append((stage, self._now()))
+
+    def _now(self):
+        if self.cuda:
+            ev = self.torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def durations(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:], strict=False):
+            dt = a.elapsed_time(b) / 1000.0 if self.cuda else b - a
+            out[name] = out.get(name, 0.0) + dt
+        return out
+
+
+def run_steps(p, n: int, first_index: int, clock: StageClock) -> list[dict[str, Any]]:
+    import contextlib
+
+    import torch
+
+    from dflash.anchors import sample_anchors
+    from dflash.loop import anchor_seed, optimizer_step
+
+    cfg, dev = p.cfg, p.device
+    gen = torch.Generator(device=dev)
+    autocast = (
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+        if dev.type == "cuda"
+        else contextlib.nullcontext
+    )
+    out = []
+    for i in range(first_index, first_index + n):
+        t0, c0 = time.perf_counter(), time.process_time()
+        clock.start()
+        host = next(p.stream)
+        clock.mark("data")
+        b = host.to(dev, non_blocking=True)
+        clock.mark("transfer")
+        feats = p.target(b.input_ids, b.positions, b.doc_ids)
+        clock.mark("target")
+        gen.manual_seed(anchor_seed(cfg.seed, i))
+        anchors, valid = sample_anchors(
+            b.loss_mask, b.doc_ids, cfg.block_size, cfg.max_anchors, generator=gen
+        )
+        clock.mark("anchors")
+        with autocast():
+            loss, _ = p.step_fn(
+                b.input_ids, b.loss_mask, b.doc_ids, b.positions, feats, anchors, valid
+            )
+        clock.mark("drafter_fwd")
+        loss.backward()
+        clock.mark("drafter_bwd")
+        optimizer_step(cfg, p.drafter.parameters(), p.opt, p.sched)
+        clock.mark("optimizer")
+        t_sync = time.perf_counter()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        stages = clock.durations()
+        stages["wait"] = time.perf_counter() - t_sync
+        if not torch.isfinite(loss.detach()).item():
+            raise RuntimeError(f"benchmark step {i}: loss is not finite")
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        n = host.n_tokens
+        out.append({"step_s": dt, "cpu_s": cpu, "tokens": n, "tok_per_s": n / dt,
+                    "tok_per_cpu_s": n / max(cpu, 1e-9), "stages": stages})  # fmt: skip
+    return out
+
+
+def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
+    from dflash.bench.workloads import Workload
+
+    w = Workload.from_definition(spec)
+    import torch
+
+    if w.threads is not None:
+        torch.set_num_threads(w.threads)
+    # Their import time (several seconds) belongs to "import", not to "build".
+    import transformers.models.qwen3.modeling_qwen3  # noqa: F401
+
+    import dflash.data.tokenizer  # noqa: F401
+    from dflash.bench.build import build
+
+    t_import = time.perf_counter()
+    if w.targets != 1 or w.drafters != 1:
+        raise NotImplementedError(
+            f"workload {w.name}: topology {w.topology} needs the multi-process pipeline "
+            "runner; this worker runs one target and one drafter in one process"
+        )
+    p = build(w, scratch)
+    if p.device.type == "cuda":
+        torch.cuda.synchronize()
+    t_build = time.perf_counter()
+    p.drafter.train()
+    clock = StageClock(p.device)
+    first = run_steps(p, 1, 0, clock)
+    warm = run_steps(p, w.warmup_steps - 1, 1, clock) if w.warmup_steps > 1 else []
+    steady = run_steps(p, w.steps, w.warmup_steps, clock)
+    return {
+        "pid": os.getpid(),
+        "import_s": t_import - _T0,
+        "build_s": t_build - t_import,
+        "first_step_s": first[0]["step_s"],
+        "warmup": first + warm,
+        "steps": steady,
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if p.device.type == "cuda"
+        else [],
+        "variables": relevant_variables(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv
+    spec = json.loads(Path(spec_path).read_text())
+    result = run_repeat(spec, str(Path(out_path).parent / "scratch"))
+    tmp = Path(out_path + ".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(out_path)  # the runner never reads half a file
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

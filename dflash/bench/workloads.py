@@ -1,0 +1,149 @@
+"""Named benchmark workloads: everything that decides what one step computes.
+
+A workload fixes the model shapes, the topology (targets, drafters), the token budget,
+max_anchors, block size, the step counts and the intra-op threads. Its hash is the
+sha256 of that definition: two records are comparable only when their hashes match,
+so editing a workload (even keeping its name) can never pass as a speed change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflash.config import TINY_TARGET
+
+# Qwen3-8B dimensions (its published config.json): throughput depends on shapes, not
+# on trained weights, so the target is built from this config with random weights.
+QWEN3_8B_TARGET: dict[str, Any] = dict(
+    vocab_size=151936,
+    hidden_size=4096,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    intermediate_size=12288,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    device: str  # "cpu" | "cuda"
+    target: dict[str, Any]  # Qwen3Config fields; vocab_size None = tiny tokenizer padded
+    draft_layers: int
+    seq_len: int  # token budget per packed row
+    rows: int
+    block_size: int
+    max_anchors: int
+    targets: int = 1
+    drafters: int = 1
+    warmup_steps: int = 3
+    steps: int = 20
+    repeats: int = 5
+    threads: int | None = None  # torch intra-op threads; None = the process default
+    compile: bool = False
+    attn: str = "auto"
+    # "wall": tokens per wall-clock second. "cpu": tokens per CPU-second of the process,
+    # for shared CPU hosts where other tenants' load would otherwise be the signal
+    # (a single-threaded workload's CPU time does not grow when it is descheduled).
+    metric: str = "wall"
+    min_doc_len: int = 64
+    max_doc_len: int = 512
+    seed: int = 0
+    notes: str = field(default="", compare=False)
+
+    @property
+    def topology(self) -> str:
+        return f"{self.targets}T+{self.drafters}D"
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.rows * self.drafters
+
+    def definition(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("notes")
+        return d
+
+    def hash(self) -> str:
+        """What one sample measures. `repeats` is left out: more repeats give more
+        samples of the same quantity, and stay comparable."""
+        d = self.definition()
+        d.pop("repeats")
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def with_changes(self, **changes: Any) -> Workload:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def metric_key(self) -> str:
+        return "tok_per_cpu_s" if self.metric == "cpu" else "tok_per_s"
+
+    @classmethod
+    def from_definition(cls, d: dict[str, Any]) -> Workload:
+        return cls(**d)
+
+
+WORKLOADS: dict[str, Workload] = {
+    # CI on 2 shared cores: small enough for 5 repeats well under 3 minutes, large
+    # enough that matmuls and attention, not Python overhead alone, set the pace.
+    "tiny-cpu": Workload(
+        name="tiny-cpu",
+        device="cpu",
+        target={**TINY_TARGET, "vocab_size": None},
+        draft_layers=2,
+        seq_len=512,
+        rows=2,
+        block_size=8,
+        max_anchors=32,
+        warmup_steps=3,
+        steps=30,
+        repeats=5,
+        threads=1,
+        metric="cpu",
+        min_doc_len=32,
+        max_doc_len=192,
+        notes="tiny Qwen3 target (hidden 64), 2-layer drafter, one thread",
+    ),
+    # The paper recipe's shapes on one GPU, target and drafter colocated (1T+1D):
+    # Qwen3-8B target (random bf16 weights), 5-layer drafter, 3072-token rows,
+    # 512 anchors, block 16. Nothing is downloaded.
+    "qwen3-8b-1gpu": Workload(
+        name="qwen3-8b-1gpu",
+        device="cuda",
+        target=dict(QWEN3_8B_TARGET),
+        draft_layers=5,
+        seq_len=3072,
+        rows=1,
+        block_size=16,
+        max_anchors=512,
+        warmup_steps=5,
+        steps=30,
+        repeats=3,
+        compile=True,
+        attn="flex",
+        min_doc_len=256,
+        max_doc_len=3072,
+        notes="Qwen3-8B-shaped target and drafter with random weights, one GPU",
+    ),
+}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise KeyError(f"unknown workload {name!r}; choose one of {sorted(WORKLOADS)}")
+    return WORKLOADS[name]
+
+
+def describe_difference(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Fields that differ between two workload definitions, as 'field: a -> b'."""
+    keys = sorted(set(a) | set(b))
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
