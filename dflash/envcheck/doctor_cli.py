@@ -1,0 +1,65 @@
+"""`dflash doctor`: audit a Python environment against uv.lock and the image manifest.
+
+Exit status: 0 when there is no error (warnings and info allowed; --strict
+fails on warnings too), 1 otherwise. `--list-codes` prints every finding code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .paths import DFLASH_LOCK_ENV
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--python",
+        metavar="PATH",
+        help="interpreter whose environment to audit (a venv's bin/python or the venv "
+        "directory); default: the one running dflash",
+    )
+    parser.add_argument(
+        "--lock",
+        metavar="PATH",
+        help=f"uv.lock to audit against (default: ${DFLASH_LOCK_ENV}, the project root, "
+        "or the copy baked into the image)",
+    )
+    parser.add_argument("--extra", help="the extra the env was synced with (default: detected)")
+    parser.add_argument("--json", action="store_true", help="print a JSON report")
+    parser.add_argument(
+        "--no-import",
+        action="store_true",
+        help="do not import torch in a subprocess (skips the mapped-library checks; faster)",
+    )
+    parser.add_argument(
+        "--cache-root", metavar="DIR", help="root of the fingerprint-keyed compile caches"
+    )
+    parser.add_argument("--quiet", action="store_true", help="hide info findings (human report)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on warnings as well")
+    parser.add_argument(
+        "--list-codes", action="store_true", help="print the finding codes and exit"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from .doctor import run_doctor
+    from .findings import CODES
+    from .report import render_human, render_json
+
+    if args.list_codes:
+        sys.stdout.write("".join(f"{code:<24} {what}\n" for code, what in CODES.items()))
+        return 0
+
+    report = run_doctor(
+        python=args.python,
+        lock=args.lock,
+        extra=args.extra,
+        import_torch=not args.no_import,
+        cache_root=args.cache_root,
+    )
+    text = render_json(report) if args.json else render_human(report, show_info=not args.quiet)
+    sys.stdout.write(text + "\n")
+    if args.strict and report.counts()["warning"]:
+        return 1
+    return report.exit_code

@@ -1,0 +1,279 @@
+"""Static environment probe, run INSIDE the audited interpreter as `python -I probe.py`.
+
+Self-contained on purpose: it imports nothing but the standard library, so the
+doctor can audit a contaminated venv that does not even have dflash (or
+`packaging`) installed. It only collects facts and prints them as JSON; every
+judgement happens in the doctor process. It never imports torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import csv
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import sysconfig
+
+# Environment variables worth reporting (and, filtered, fingerprinting).
+VAR_PREFIXES = ("OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "LD_")
+# Sampled hashing of native libraries: the size plus the first and last 256 KiB.
+# Full hashing costs ~10 s for the 5 GB of CUDA libraries a torch venv holds;
+# the samples hold the ELF header, the linker's build-id note (itself a hash of
+# the build) and the section tables at the end, so another build hashes apart.
+SAMPLE_BYTES = 256 << 10
+MARKER = "DFLASH_PROBE_JSON:"
+
+
+def is_shared_lib(name: str) -> bool:
+    base = os.path.basename(name)
+    return base.endswith(".so") or ".so." in base
+
+
+def sampled_sha256(path: str, size: int) -> str:
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as fh:
+        if size <= 2 * SAMPLE_BYTES:
+            h.update(fh.read())
+        else:
+            h.update(fh.read(SAMPLE_BYTES))
+            fh.seek(-SAMPLE_BYTES, os.SEEK_END)
+            h.update(fh.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def record_hash(path: str) -> str:
+    """Full-content hash in RECORD's format (sha256=<urlsafe b64, no padding>)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def marker_environment() -> dict[str, str]:
+    """Same keys as packaging.markers.default_environment(), without packaging."""
+    impl = sys.implementation
+    iv = impl.version
+    impl_version = f"{iv.major}.{iv.minor}.{iv.micro}"
+    if iv.releaselevel != "final":
+        impl_version += iv.releaselevel[0] + str(iv.serial)
+    return {
+        "implementation_name": impl.name,
+        "implementation_version": impl_version,
+        "os_name": os.name,
+        "platform_machine": platform.machine(),
+        "platform_release": platform.release(),
+        "platform_system": platform.system(),
+        "platform_version": platform.version(),
+        "python_full_version": platform.python_version(),
+        "platform_python_implementation": platform.python_implementation(),
+        "python_version": ".".join(platform.python_version_tuple()[:2]),
+        "sys_platform": sys.platform,
+    }
+
+
+def read_record(dist: importlib.metadata.Distribution) -> list[tuple[str, str, int | None]]:
+    text = dist.read_text("RECORD") or ""
+    rows = []
+    for row in csv.reader(text.splitlines()):
+        if not row or not row[0]:
+            continue
+        size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
+        rows.append((row[0], row[1] if len(row) > 1 else "", size))
+    return rows
+
+
+def _is_editable(dist: importlib.metadata.Distribution) -> bool:
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        return False
+    return bool(direct.get("dir_info", {}).get("editable"))
+
+
+def torch_version_info(site_dir: str) -> dict[str, object]:
+    """Literal assignments of torch/version.py, read without importing torch."""
+    path = os.path.join(site_dir, "torch", "version.py")
+    info: dict[str, object] = {"path": path}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError) as exc:
+        info["error"] = f"{type(exc).__name__}: {exc}"
+        return info
+    for node in tree.body:
+        target = value = None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        if isinstance(target, ast.Name) and value is not None:
+            try:
+                info[target.id] = ast.literal_eval(value)
+            except ValueError:
+                continue
+    return info
+
+
+def content_owner(full: str, size: int, claimants: list[dict]) -> str | None:
+    """Which claimant's RECORD entry the file on disk matches (last writer wins)."""
+    by_size = [c for c in claimants if c["size"] == size]
+    if len(by_size) == 1:
+        return by_size[0]["name"]
+    if by_size and len({c["hash"] for c in by_size}) > 1:
+        digest = record_hash(full)  # rare: only colliding files of equal size
+        for c in by_size:
+            if c["hash"] == digest:
+                return c["name"]
+    return None
+
+
+def collect_distributions() -> dict[str, object]:
+    dists: list[dict[str, object]] = []
+    claims: dict[str, list[dict]] = {}
+    stats: dict[str, int] = {}
+    for dist in importlib.metadata.distributions():
+        meta = dist.metadata  # parsed on every access: read it once
+        name, version = meta["Name"], meta["Version"]
+        site_dir = str(dist.locate_file(""))
+        info_dir = str(getattr(dist, "_path", ""))
+        entry: dict[str, object] = {
+            "name": name,
+            "canonical": canonical(name) if name else None,
+            "version": version,
+            "site_dir": site_dir,
+            "dist_info": info_dir,
+            "installer": (dist.read_text("INSTALLER") or "").strip(),
+            "editable": _is_editable(dist),
+        }
+        missing: list[str] = []
+        libs: list[str] = []
+        nvidia_dirs: set[str] = set()
+        rows = read_record(dist)
+        for rel, digest, size in rows:
+            # Byte-code caches are optional and recreated on demand: not holes.
+            if "__pycache__" in rel or rel.endswith(".pyc"):
+                continue
+            full = os.path.normpath(os.path.join(site_dir, rel))
+            parts = rel.split("/")
+            if parts[0] == "nvidia" and len(parts) > 2:
+                nvidia_dirs.add("/".join(parts[:2]))
+            claim = {"name": name, "version": version, "hash": digest, "size": size}
+            claims.setdefault(full, []).append(claim)
+            try:
+                st = os.stat(full)
+            except OSError:
+                missing.append(rel)
+                continue
+            stats[full] = st.st_size
+            if is_shared_lib(rel):
+                libs.append(rel)
+        entry.update(n_files=len(rows), missing=missing, libs=libs, nvidia_dirs=sorted(nvidia_dirs))
+        dists.append(entry)
+    return {"distributions": dists, **_libraries_and_collisions(dists, claims, stats)}
+
+
+def _libraries_and_collisions(dists: list, claims: dict, stats: dict) -> dict[str, object]:
+    libraries: dict[str, dict] = {}
+    for d in dists:
+        for rel in d["libs"]:
+            full = os.path.normpath(os.path.join(d["site_dir"], rel))
+            if full in libraries:
+                continue
+            owners = sorted({c["name"] for c in claims[full]})
+            libraries[full] = {
+                "rel": rel,
+                "size": stats[full],
+                "sha256_sampled": sampled_sha256(full, stats[full]),
+                "owners": owners,
+                "content_owner": owners[0] if len(owners) == 1 else None,
+            }
+    collisions = []
+    for full, claimants in claims.items():
+        if len(claimants) < 2:
+            continue
+        names = {canonical(c["name"]) for c in claimants if c["name"]}
+        # One distribution listing a file twice is no collision, nor are namespace
+        # files such as nvidia/__init__.py that every claimant ships identically.
+        if len(names) < 2 or len({c["hash"] for c in claimants}) < 2:
+            continue
+        on_disk = stats.get(full)
+        owner = content_owner(full, on_disk, claimants) if on_disk is not None else None
+        if full in libraries:
+            libraries[full]["content_owner"] = owner
+        collisions.append(
+            {"path": full, "claimants": claimants, "size_on_disk": on_disk, "content_owner": owner}
+        )
+    return {"libraries": libraries, "collisions": collisions}
+
+
+def loader_paths(lib_names: set[str]) -> dict[str, object]:
+    """Other copies of the env's libraries the dynamic loader could pick instead."""
+    found: dict[str, list[dict]] = {"ld_library_path": [], "ld_preload": [], "ldconfig": []}
+    for d in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")):
+        for name in sorted(lib_names):
+            path = os.path.join(d, name)
+            if os.path.isfile(path):
+                size = os.path.getsize(path)
+                found["ld_library_path"].append(
+                    {
+                        "dir": d,
+                        "name": name,
+                        "size": size,
+                        "sha256_sampled": sampled_sha256(path, size),
+                    }
+                )
+    for item in re.split(r"[:\s]+", os.environ.get("LD_PRELOAD", "")):
+        if item:
+            found["ld_preload"].append({"path": item, "name": os.path.basename(item)})
+    for exe in ("/sbin/ldconfig", "/usr/sbin/ldconfig", "ldconfig"):
+        try:
+            out = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        for line in out.splitlines():
+            m = re.match(r"\s+(\S+) \(.*\) => (\S+)$", line)
+            if m and m.group(1) in lib_names:
+                found["ldconfig"].append({"name": m.group(1), "path": m.group(2)})
+        break
+    return found
+
+
+def collect() -> dict[str, object]:
+    data = collect_distributions()
+    torch_dist = next((d for d in data["distributions"] if d["canonical"] == "torch"), None)
+    spec = importlib.util.find_spec("dflash")
+    data["interpreter"] = {
+        "executable": sys.executable,
+        "prefix": sys.prefix,
+        "base_prefix": sys.base_prefix,
+        "version": platform.python_version(),
+        "implementation": sys.implementation.name,
+        "machine": platform.machine(),
+        "platform": sys.platform,
+        "libc": "-".join(platform.libc_ver()),
+        "site_dirs": sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}),
+        "marker_environment": marker_environment(),
+        "dflash_origin": spec.origin if spec and spec.origin else None,
+    }
+    data["torch"] = torch_version_info(torch_dist["site_dir"]) if torch_dist else None
+    data["variables"] = {k: v for k, v in os.environ.items() if k.startswith(VAR_PREFIXES)}
+    lib_names = {os.path.basename(p) for p in data["libraries"]}
+    data["loader"] = loader_paths(lib_names)
+    return data
+
+
+if __name__ == "__main__":
+    print(MARKER + json.dumps(collect()))
