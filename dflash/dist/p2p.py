@@ -88,6 +88,8 @@ class Sender:
             block = False
 
     def in_flight(self) -> int:
+        """Sends not known to be complete. NCCL reports completion as it happens; gloo only
+        when waited on, so there this reads as the send-queue occupancy (<= depth)."""
         for d in self.links:
             self._retire(d, block=False)
         return sum(len(q) for q in self.links.values())
