@@ -2,6 +2,7 @@
 probe helpers, GPU parsing, compile caches, report and preflight."""
 
 import hashlib
+import importlib
 import json
 import os
 import stat
@@ -12,7 +13,6 @@ import pytest
 from test_envcheck_fakes import SITE, context, dist, static
 
 from dflash.envcheck import caches, probe, probe_gpu
-from dflash.envcheck import gate as preflight_mod
 from dflash.envcheck.cuda import cuda_major_of, decode_reasons, driver_verdict, torch_cuda_major
 from dflash.envcheck.doctor import Report, run_doctor
 from dflash.envcheck.findings import Finding
@@ -24,6 +24,9 @@ from dflash.envcheck.fingerprint import (
     summarize_diff,
 )
 from dflash.envcheck.report import render_human
+
+# The package exports the preflight *function* under the same name as its module.
+preflight_mod = importlib.import_module("dflash.envcheck.preflight")
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,17 @@ Public API (nothing here imports torch):
   environment_manifest(python=None) -> dict      `dflash env manifest`
   diff_manifests(a, b) -> dict                   what changed between two manifests
 File locations: baked_lock_path(prefix), manifest_path(prefix), IMAGE_DATA_DIR.
+
+`preflight` is both a function and the module defining it: the import below
+loads the module first and then binds the function over it, so
+`from dflash.envcheck import preflight` and
+`from dflash.envcheck.preflight import preflight` both give the function.
 """
 
 from .caches import configure_compile_caches
 from .doctor import Report, environment_manifest, run_doctor
 from .findings import CODES, Finding
 from .fingerprint import diff_manifests, environment_fingerprint
-from .gate import DirtyEnvironment, preflight
 from .paths import (
     BAKED_LOCK_NAME,
     COMPILE_CACHE_ROOT_ENV,
@@ -25,6 +29,7 @@ from .paths import (
     default_compile_cache_root,
     manifest_path,
 )
+from .preflight import DirtyEnvironment, preflight
 
 __all__ = [
     "BAKED_LOCK_NAME",
