@@ -53,6 +53,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"dflash train: {e}", file=sys.stderr)
         return 2
+    from dflash.dist.launch import plan, self_launch
+
+    try:  # one process, this rank of a torchrun job, or launch torchrun ourselves
+        mode, nproc = plan(cfg)
+    except ValueError as e:
+        print(f"dflash train: {e}", file=sys.stderr)
+        return 2
+    if mode == "spawn":
+        return self_launch(cfg, nproc)
     from dflash.checkpoint import RunDirError
     from dflash.data.sources import DataError
     from dflash.target import TargetMismatch
@@ -61,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     env_record = _preflight(cfg)
     if env_record is None:
         return 3
+    if mode == "rank":  # reports its own errors (naming rank and role) and exits 1
+        from dflash.dist.pipeline import run as run_rank
+
+        summary = run_rank(cfg, env_record=env_record)
+        return 128 + (summary["signal"] or 0) if summary["interrupted"] else 0
     try:
         summary = train(cfg, env_record=env_record)
     except (RunDirError, DataError, TargetMismatch, NonFiniteLoss, ValueError) as e:
