@@ -1,0 +1,86 @@
+"""Mann-Whitney U and Hodges-Lehmann on synthetic samples (no timing anywhere)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dflash.bench import stats
+
+
+def test_exact_null_distribution_matches_textbook_values():
+    # n = m = 3: 20 arrangements; U = 0 once, U = 1 once, U = 2 twice.
+    assert stats._u_counts(3, 3) == (1, 1, 2, 3, 3, 3, 3, 2, 1, 1)
+    assert sum(stats._u_counts(5, 5)) == math.comb(10, 5)
+    assert stats.u_cdf(0, 5, 5) == pytest.approx(1 / 252)
+    assert stats.u_cdf(4, 5, 5) == pytest.approx(12 / 252)
+
+
+def test_complete_separation_gives_the_smallest_p():
+    x, y = [1.0, 2.0, 3.0, 4.0, 5.0], [6.0, 7.0, 8.0, 9.0, 10.0]
+    assert stats.mann_whitney_less(x, y) == pytest.approx(1 / 252)
+    assert stats.mann_whitney_less(y, x) == pytest.approx(1.0)
+
+
+def test_normal_approximation_agrees_with_exact_for_moderate_samples():
+    rng = random.Random(3)
+    x = [rng.gauss(0.0, 1.0) for _ in range(20)]
+    y = [rng.gauss(0.5, 1.0) for _ in range(20)]
+    exact = stats.mann_whitney_less(x, y)
+    y_tied = y + [x[0]]  # a tie forces the normal approximation
+    approx = stats.mann_whitney_less(x, y_tied)
+    assert abs(exact - approx) < 0.05
+    assert exact < 0.2  # a half-sigma shift with 20 + 20 samples is visible
+
+
+def test_all_tied_samples_give_no_evidence():
+    assert stats.mann_whitney_less([1.0] * 4, [1.0] * 4) == 1.0
+
+
+def test_hodges_lehmann_recovers_a_ratio_and_covers_it():
+    rng = random.Random(7)
+    base = [1000 * math.exp(rng.gauss(0, 0.02)) for _ in range(7)]
+    cur = [0.8 * 1000 * math.exp(rng.gauss(0, 0.02)) for _ in range(7)]
+    ratio, lo, hi, conf = stats.log_ratio(cur, base, 0.95)
+    assert lo <= ratio <= hi
+    assert lo < 0.8 < hi
+    assert abs(ratio - 0.8) < 0.03
+    assert conf >= 0.95
+
+
+def test_interval_confidence_is_honest_for_tiny_samples():
+    # 2 + 2 samples cannot reach 95%: the full range is returned with its real level.
+    _, lo, hi, conf = stats.hodges_lehmann([1.0, 2.0], [3.0, 5.0], 0.95)
+    assert (lo, hi) == (-4.0, -1.0)
+    assert conf == pytest.approx(1 - 2 / 6)
+
+
+def test_rejects_empty_and_non_positive_samples():
+    with pytest.raises(ValueError):
+        stats.mann_whitney_less([], [1.0])
+    with pytest.raises(ValueError):
+        stats.log_ratio([0.0, 1.0], [1.0, 2.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(1.0, 1e6), min_size=1, max_size=8),
+    st.lists(st.floats(1.0, 1e6), min_size=1, max_size=8),
+)
+def test_p_values_are_probabilities_and_sides_are_complementary(x, y):
+    lo, hi = stats.mann_whitney_less(x, y), stats.mann_whitney_less(y, x)
+    assert 0.0 <= lo <= 1.0 and 0.0 <= hi <= 1.0
+    # Exact, untied: P(U <= u) + P(U >= u) = 1 + P(U = u) >= 1.
+    if len(set(x) | set(y)) == len(x) + len(y):
+        assert lo + hi >= 1.0 - 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(1.0, 1e4), min_size=3, max_size=8), st.floats(0.5, 2.0))
+def test_ratio_estimate_is_scale_equivariant(base, factor):
+    r1, *_ = stats.log_ratio([v * factor for v in base], base)
+    assert r1 == pytest.approx(factor, rel=1e-9)

@@ -1,0 +1,73 @@
+"""The real repeat worker on a micro workload, in-process: the record's shape and
+that every stage is timed. No assertion on speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash.bench.workloads import WORKLOADS, Workload, get_workload
+
+
+@pytest.fixture
+def micro() -> Workload:
+    return get_workload("tiny-cpu").with_changes(
+        name="micro", seq_len=128, rows=1, max_anchors=8, warmup_steps=2, steps=2, repeats=1
+    )
+
+
+def test_worker_times_every_stage(micro, tmp_path):
+    from dflash.bench.worker import STAGES, run_repeat
+
+    res = run_repeat(micro.definition(), str(tmp_path))
+    assert len(res["warmup"]) == 2 and len(res["steps"]) == 2
+    for step in res["steps"]:
+        assert step["tokens"] == 128
+        assert step["tok_per_s"] > 0 and step["tok_per_cpu_s"] > 0
+        assert set(step["stages"]) == {*STAGES, "wait"}
+        assert sum(step["stages"].values()) <= step["step_s"] * 1.05
+    assert res["threads"] == 1
+
+
+def test_summary_uses_one_sample_per_repeat(micro, tmp_path):
+    from dflash.bench.runner import summarize
+    from dflash.bench.worker import run_repeat
+
+    reps = []
+    for i in range(2):
+        r = run_repeat(micro.definition(), str(tmp_path))
+        r.update(repeat=i, process_s=1.0, import_s=0.5)
+        reps.append(r)
+    s = summarize(micro, reps)
+    assert len(s["samples"]) == 2 and s["metric"] == "tok_per_cpu_s"
+    assert s["stages_s"]["target"] > 0
+
+
+def test_workload_hash_ignores_repeats_but_not_shapes():
+    w = WORKLOADS["tiny-cpu"]
+    assert w.with_changes(repeats=9).hash() == w.hash()
+    assert w.with_changes(max_anchors=64).hash() != w.hash()
+    assert w.with_changes(targets=2).hash() != w.hash()
+
+
+def test_gpu_workload_is_qwen3_8b_shaped_without_allocating(monkeypatch):
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    from dflash.bench.build import target_config
+
+    w = get_workload("qwen3-8b-1gpu")
+    assert (w.block_size, w.max_anchors, w.seq_len, w.draft_layers) == (16, 512, 3072, 5)
+    config = target_config(w, tokenizer_len=336)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    n = sum(p.numel() for p in model.parameters())
+    assert 8.0e9 < n < 8.4e9  # Qwen3-8B: 8.19B parameters with its untied LM head
+    assert config.vocab_size == 151936
+
+
+def test_unsupported_topology_is_an_error_not_a_silent_single_process(tmp_path):
+    from dflash.bench.worker import run_repeat
+
+    w = get_workload("tiny-cpu").with_changes(targets=2)
+    with pytest.raises(NotImplementedError, match="2T\\+1D"):
+        run_repeat(w.definition(), str(tmp_path))
