@@ -104,7 +104,8 @@ def default_unkeyed_caches() -> list[Path]:
 
 def check_caches(ctx: Context) -> list[Finding]:
     root = ctx.cache_root or default_compile_cache_root()
-    findings, others = [], []
+    findings: list[Finding] = []
+    others: list[dict[str, Any]] = []
     if root.is_dir():
         for entry in sorted(root.iterdir()):
             if (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Literal
 
 _SUFFIX = re.compile(r"-cu(\d+)$")
 _CU_DIR = re.compile(r"^nvidia/cu(\d+)$")
@@ -101,7 +102,7 @@ def driver_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", version))
 
 
-def driver_verdict(driver: str, cuda: str) -> tuple[str, str] | None:
+def driver_verdict(driver: str, cuda: str) -> tuple[Literal["error", "warning"], str] | None:
     """('error'|'warning', minimum) if `driver` is too old for torch's CUDA `cuda`."""
     major = torch_cuda_major(cuda)
     floor = MINOR_COMPAT_MIN_DRIVER.get(major) if major is not None else None

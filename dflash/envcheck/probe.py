@@ -21,6 +21,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+from typing import Any
 
 # Environment variables worth reporting (and, filtered, fingerprinting).
 VAR_PREFIXES = ("OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "LD_")
@@ -140,8 +141,8 @@ def content_owner(full: str, size: int, claimants: list[dict]) -> str | None:
     return None
 
 
-def collect_distributions() -> dict[str, object]:
-    dists: list[dict[str, object]] = []
+def collect_distributions() -> dict[str, Any]:
+    dists: list[dict[str, Any]] = []
     claims: dict[str, list[dict]] = {}
     stats: dict[str, int] = {}
     for dist in importlib.metadata.distributions():
@@ -149,7 +150,7 @@ def collect_distributions() -> dict[str, object]:
         name, version = meta["Name"], meta["Version"]
         site_dir = str(dist.locate_file(""))
         info_dir = str(getattr(dist, "_path", ""))
-        entry: dict[str, object] = {
+        entry: dict[str, Any] = {
             "name": name,
             "canonical": canonical(name) if name else None,
             "version": version,
@@ -185,7 +186,7 @@ def collect_distributions() -> dict[str, object]:
     return {"distributions": dists, **_libraries_and_collisions(dists, claims, stats)}
 
 
-def _libraries_and_collisions(dists: list, claims: dict, stats: dict) -> dict[str, object]:
+def _libraries_and_collisions(dists: list, claims: dict, stats: dict) -> dict[str, Any]:
     libraries: dict[str, dict] = {}
     for d in dists:
         for rel in d["libs"]:
@@ -219,7 +220,7 @@ def _libraries_and_collisions(dists: list, claims: dict, stats: dict) -> dict[st
     return {"libraries": libraries, "collisions": collisions}
 
 
-def loader_paths(lib_names: set[str]) -> dict[str, object]:
+def loader_paths(lib_names: set[str]) -> dict[str, Any]:
     """Other copies of the env's libraries the dynamic loader could pick instead."""
     found: dict[str, list[dict]] = {"ld_library_path": [], "ld_preload": [], "ldconfig": []}
     for d in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")):
@@ -251,7 +252,7 @@ def loader_paths(lib_names: set[str]) -> dict[str, object]:
     return found
 
 
-def collect() -> dict[str, object]:
+def collect() -> dict[str, Any]:
     data = collect_distributions()
     torch_dist = next((d for d in data["distributions"] if d["canonical"] == "torch"), None)
     spec = importlib.util.find_spec("dflash")
