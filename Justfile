@@ -33,3 +33,25 @@ train *ARGS: setup
 fmt: setup
     {{run}} ruff check --fix .
     {{run}} ruff format .
+
+# --- Throughput benchmarks (docs/bench.md). Store: $DFLASH_BENCH_STORE or ~/.cache/dflash/bench
+
+# Run a workload (default tiny-cpu; --workload qwen3-8b-1gpu on a GPU, --image dflash:cu128 in an image); exit 1 on a regression
+bench *ARGS: setup
+    {{run}} dflash bench run {{ARGS}}
+
+# Promote a record (default: the latest of --workload) to the baseline of its (hardware, workload, CUDA variant)
+bench-accept *ARGS: setup
+    {{run}} dflash bench accept {{ARGS}}
+
+# Markdown table and PNG of tok/s per environment over time, regressions marked (default into STORE/report/)
+bench-report *ARGS: setup
+    {{run}} dflash bench history {{ARGS}}
+
+# pytest-benchmark micro-benchmarks; saved as JSON in the store's micro/ and compared with the previous save
+bench-micro *ARGS: setup
+    {{run}} pytest tests/bench_micro -o python_files='bench_*.py' -p no:cacheprovider --benchmark-autosave --benchmark-storage="file://${DFLASH_BENCH_STORE:-$HOME/.cache/dflash/bench}/micro" --benchmark-compare {{ARGS}}
+
+# Measure the harness's false-alarm and detection rates on this machine (about 30-60 min)
+bench-quality *ARGS: setup
+    {{run}} python bench/stat_quality.py {{ARGS}}

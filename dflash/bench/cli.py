@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     hist = sub.add_parser("history", help="markdown report and PNG of tok/s over time")
     hist.add_argument("--workload", default="tiny-cpu")
-    hist.add_argument("--out", default="bench-report")
+    hist.add_argument("--out", help="output directory (default: STORE/report)")
     hist.add_argument("--store", help=store_help)
 
     ls = sub.add_parser("list", help="list stored records")
@@ -191,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "history":
             from dflash.bench.history import write_history
 
-            md, png = write_history(Store(args.store), args.workload, args.out)
+            store = Store(args.store)
+            md, png = write_history(store, args.workload, args.out or store.root / "report")
             print(f"wrote {md} and {png}")
             return 0
         return do_list(args)

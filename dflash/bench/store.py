@@ -45,6 +45,7 @@ def baseline_key(record: dict[str, Any]) -> str:
 def _write_new(path: Path, data: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide records from other CI users
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(data)
@@ -58,6 +59,7 @@ def _write_new(path: Path, data: str) -> None:
 def _replace(path: Path, data: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    os.fchmod(fd, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(data)
         f.flush()
