@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dflash import checkpoint as ckpt
 from dflash.components import build_drafter, load_target, load_tokenizer, resolve_attn
 from dflash.config import TrainConfig
-from dflash.dist.p2p import HEADER, Receiver, unpack_meta
+from dflash.dist.p2p import HEADER, Receiver, unpack_meta, wait
 from dflash.dist.roles import Layout
 from dflash.dist.target_rank import control_lag, control_steps
 from dflash.dist.telemetry import COUNTERS, Clock, summarize
@@ -53,6 +53,7 @@ def run_drafter(
     rank: int,
     device: torch.device,
     group,
+    ctrl_group,
     start_step: int,
     last: Path | None,
     record: dict[str, Any] | None,
@@ -196,9 +197,10 @@ def run_drafter(
                 print(logger.log(last_rec), flush=True)
                 print(f"pipeline step {step}: {pipe['bottleneck']}", flush=True)
             if lead and step in ctrl_steps:
-                msg = torch.tensor([int(stop)], dtype=torch.int64, device=device)
+                msg = torch.tensor([int(stop)], dtype=torch.int64)  # host: see target_rank
                 for tt in range(layout.targets):
-                    ctrl_works.append((dist.isend(msg, layout.target_rank(tt)), msg))
+                    peer = layout.target_rank(tt)
+                    ctrl_works.append((dist.isend(msg, peer, group=ctrl_group), peer, msg))
         if lead and (stop or (cfg.save_every and step % cfg.save_every == 0)):
             save(step)
             saved_at = step
@@ -206,8 +208,8 @@ def run_drafter(
         end[0] = min(step + control_lag(cfg) + 1, cfg.max_steps)
         while recv.get() is not None:
             pass
-    for w, _ in ctrl_works:
-        w.wait()
+    for w, peer, _ in ctrl_works:
+        wait(w, cfg.dist_timeout, f"control to {layout.name(peer)}", ctrl_group)
     if lead:
         if not stop:
             if saved_at != step:

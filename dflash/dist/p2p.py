@@ -33,11 +33,12 @@ class PeerError(RuntimeError):
     """A p2p transfer failed or timed out; the message names the peer rank and role."""
 
 
-def wait(work, timeout: float, what: str) -> None:
-    """Block until `work` is done. gloo: a host wait. NCCL: work.wait() would only make the
-    compute stream wait, so poll completion (an event query, not a device sync)."""
+def wait(work, timeout: float, what: str, group=None) -> None:
+    """Block until `work` (an op on `group`) is done. gloo: a host wait. NCCL: work.wait()
+    would only make the compute stream wait, so poll completion (an event query, not a
+    device sync)."""
     try:
-        if dist.get_backend() == "gloo":
+        if dist.get_backend(group) == "gloo":
             work.wait(timedelta(seconds=timeout))
             return
         deadline, nap = time.monotonic() + timeout, 1e-5

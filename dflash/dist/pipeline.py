@@ -91,6 +91,7 @@ def run(cfg: TrainConfig, *, env_record=None) -> dict[str, Any]:
         dist.init_process_group(backend, timeout=timeout, **kw)
         drafter_ranks = [layout.drafter_rank(d) for d in range(drafters)]
         group = dist.new_group(drafter_ranks, timeout=timeout)  # every rank must call this
+        ctrl_group = dist.new_group(list(range(world)), timeout=timeout, backend="gloo")
         step, last, record = _start(cfg, layout, rank, device)
         if rank == layout.drafter_rank(0):
             print(
@@ -102,12 +103,22 @@ def run(cfg: TrainConfig, *, env_record=None) -> dict[str, Any]:
             if layout.role(rank)[0] == "target":
                 from dflash.dist.target_rank import run_target
 
-                summary = run_target(cfg, layout, rank, device, step)
+                summary = run_target(cfg, layout, rank, device, step, ctrl_group)
             else:
                 from dflash.dist.drafter_rank import run_drafter
 
                 summary = run_drafter(
-                    cfg, layout, rank, device, group, step, last, record, flag, env_record
+                    cfg,
+                    layout,
+                    rank,
+                    device,
+                    group,
+                    ctrl_group,
+                    step,
+                    last,
+                    record,
+                    flag,
+                    env_record,
                 )
         dist.barrier()
         dist.destroy_process_group()

@@ -62,7 +62,7 @@ class GlobalBatches:
 
 
 def run_target(
-    cfg: TrainConfig, layout: Layout, rank: int, device: torch.device, start_step: int
+    cfg: TrainConfig, layout: Layout, rank: int, device: torch.device, start_step: int, ctrl_group
 ) -> dict:
     _, t = layout.role(rank)
     cuda = device.type == "cuda"
@@ -78,13 +78,17 @@ def run_target(
     lead = layout.drafter_rank(0)
     pending = deque(control_steps(cfg, start_step))
     lag = control_lag(cfg)
-    ctrl = torch.zeros(1, dtype=torch.int64, device=device)
+    # Control travels on a gloo group in host memory: reading it is no device sync, and
+    # it never queues behind (or ahead of) batch transfers on an NCCL pair stream, where
+    # the two directions of a link would otherwise wait on each other.
+    ctrl = torch.zeros(1, dtype=torch.int64)
 
     def read_control() -> bool:
         s = pending.popleft()
         with clock("wait_send"):  # waiting for drafters to catch up is waiting on them
-            wait(dist.irecv(ctrl, lead), cfg.dist_timeout, f"control of step {s} from rank {lead}")
-        return bool(ctrl.item())  # tiny host read, once per logging interval
+            work = dist.irecv(ctrl, lead, group=ctrl_group)
+            wait(work, cfg.dist_timeout, f"control of step {s} from rank {lead}", ctrl_group)
+        return bool(ctrl.item())
 
     stopped_at = None
     sent = 0
