@@ -162,6 +162,8 @@ def test_configure_compile_caches(tmp_path, monkeypatch):
 def test_doctor_lists_caches_of_other_fingerprints(tmp_path, monkeypatch):
     monkeypatch.setattr(caches, "default_unkeyed_caches", lambda: [])
     st = static([dist("torch", "2.10.0")], variables={"TRITON_CACHE_DIR": "/tmp/shared-triton"})
+    fp = fingerprint(components_from_probe(st))
+    st["variables"]["TORCHINDUCTOR_CACHE_DIR"] = f"/elsewhere/{fp}/inductor"  # keyed: fine
     ctx = context(st, None, cache_root=tmp_path)
     for name, size in ((ctx.fingerprint, 10), ("cd" * 32, 4096), ("not-a-fingerprint", 1)):
         (tmp_path / name / "inductor").mkdir(parents=True)

@@ -9,11 +9,9 @@ outlives the environment that filled it. dflash puts them under
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import re
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ from .findings import Finding
 from .paths import default_compile_cache_root
 
 CACHE_VARS: dict[str, str] = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
-STAMP = "dflash-env.json"
 _FINGERPRINT_DIR = re.compile(r"^[0-9a-f]{64}$")
 _MAX_FILES = 200_000  # stop sizing a cache after this many files
 
@@ -60,9 +57,6 @@ def configure_compile_caches(
         path.mkdir(parents=True, exist_ok=True)
         os.environ[var] = str(path)
         result["variables"][var] = str(path)
-    stamp = keyed / STAMP
-    if not stamp.exists() and keyed.is_dir():
-        stamp.write_text(json.dumps({"fingerprint": fingerprint, "created": time.time()}))
     return result
 
 
@@ -135,7 +129,8 @@ def check_caches(ctx: Context) -> list[Finding]:
     variables = ctx.static.get("variables", {})
     for var, sub in CACHE_VARS.items():
         value = variables.get(var)
-        if value and Path(value) != keyed / sub:
+        # Keyed when it is <any root>/<this fingerprint>/<sub> (configure_compile_caches).
+        if value and not (Path(value).name == sub and Path(value).parent.name == ctx.fingerprint):
             findings.append(
                 Finding(
                     "warning",
