@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("dflash.eval_cli", "speculative decoding with a drafter: tau, speedup, lossless"),
     "regen": ("dflash.regen_cli", "regenerate responses with the target (local or OpenAI server)"),
     "bench": ("dflash.bench.cli", "throughput benchmark against a stored baseline"),
+    "demo": ("dflash.demo.cli", "offline end-to-end demo on CPU: target, data, drafter, eval"),
 }
 
 
