@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -49,6 +50,12 @@ def uv_env():
 def venvs(tmp_path_factory, uv_env):
     uv, env = uv_env
     root = tmp_path_factory.mktemp("envcheck-venvs")
+    out = subprocess.run([uv, "cache", "dir"], env=env, capture_output=True, text=True, check=True)
+    cache = Path(out.stdout.strip())
+    cache.mkdir(parents=True, exist_ok=True)
+    if os.stat(cache).st_dev != os.stat(root).st_dev:
+        # Hardlinks cannot cross filesystems: uv would copy 7 GB per venv.
+        root = Path(tempfile.mkdtemp(prefix="envcheck-venvs-", dir=cache.parent))
     req = root / "requirements.txt"
     subprocess.run(
         [uv, "export", "--frozen", "--extra", EXTRA, "--no-emit-project", "--no-hashes", "-q", "-o", str(req)],

@@ -8,7 +8,8 @@ The fingerprint is a sha256 over a canonical JSON of five components:
                 last 256 KiB, see probe.py: hashing the 5 GB of CUDA libraries
                 in full takes ~10 s, sampling ~0.1 s and still tells builds
                 apart, since the ELF header, the build-id note and the section
-                tables sit at the two ends)
+                tables sit at the two ends; a same-size edit confined to
+                the middle would go unnoticed, and no installer makes one)
   torch         torch/version.py: version, CUDA, git revision, debug, HIP
   variables     performance-relevant variables, minus per-process ones
 It is path-independent: the same lock synced into two directories gives the
