@@ -163,8 +163,8 @@ def run_drafter(
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             want_stop = flag.signum is not None
             # Sync point (logging steps only): sums over drafters, telemetry by MAX.
-            extra = torch.stack([bad_route.double(), torch.tensor(float(want_stop), device=device)])
-            sums = torch.cat([acc.flat, extra])
+            votes = torch.stack([bad_route.double(), torch.tensor(float(want_stop), device=device)])
+            sums = torch.cat([acc.flat, votes])
             dist.all_reduce(sums, group=group)
             row = torch.tensor(clock.counters(), dtype=torch.int64, device=device)
             row[COUNTERS.index("tokens")] = tokens

@@ -5,7 +5,9 @@ receive, elapsed; batches in flight; tokens). They only grow, so the freshest va
 every rank are an elementwise MAX: targets ride theirs on each batch header, drafters
 fill their own row, and one all_reduce(MAX) among drafters on a logging step gathers the
 whole pipeline. Differences between two logging steps give the fractions below;
-idle = elapsed - compute - waits (data loading, packing, logging, checkpoints).
+idle = elapsed - compute - waits (data loading, packing, logging, checkpoints). A
+drafter's compute includes its gradient all_reduce, so time spent waiting there for a
+slower drafter counts as compute (drafters get equal work by construction).
 
 On GPU the host clock sees kernel launches, not kernels: targets wait on an event after
 the forward (charged to compute) and drafters run at most one CUDA queue ahead, so over a
