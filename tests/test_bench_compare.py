@@ -60,7 +60,9 @@ def test_different_workload_is_refused_with_the_reason():
 def test_different_topology_is_refused_with_the_reason():
     c = compare(make_record(BASE), make_record(BASE, targets=2, drafters=1))
     assert c.verdict == "refused"
-    assert any("topology: baseline 1T+1D, this run 2T+1D" in r for r in c.reasons)
+    assert any(
+        "topology: baseline 1T+1D/colocated, this run 2T+1D/colocated" in r for r in c.reasons
+    )
 
 
 def test_edited_workload_definition_is_refused_and_the_field_named():
@@ -116,3 +118,9 @@ def test_unchanged_environment_reports_no_change():
     base = make_record(BASE)
     cur = make_record(BASE)
     assert environment_diff(base, cur) == []
+
+
+def test_colocated_and_pipeline_runs_are_refused():
+    c = compare(make_record(BASE), make_record(BASE, workload="tiny-cpu-pipe"))
+    assert c.verdict == "refused"
+    assert any("1T+1D/colocated, this run 1T+1D/pipeline" in r for r in c.reasons)

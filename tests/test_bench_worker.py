@@ -69,5 +69,5 @@ def test_unsupported_topology_is_an_error_not_a_silent_single_process(tmp_path):
     from dflash.bench.worker import run_repeat
 
     w = get_workload("tiny-cpu").with_changes(targets=2)
-    with pytest.raises(NotImplementedError, match="2T\\+1D"):
+    with pytest.raises(NotImplementedError, match="2T\\+1D/colocated"):
         run_repeat(w.definition(), str(tmp_path))

@@ -111,4 +111,7 @@ def summarize(w: Workload, repeats: list[dict[str, Any]]) -> dict[str, Any]:
         "compile_s": max(0.0, median([r["first_step_s"] for r in repeats]) - steady),
         "warmup_s": median([sum(s["step_s"] for s in r["warmup"]) for r in repeats]),
         "process_s": sum(r["process_s"] for r in repeats),
+        "pipeline_efficiency": median([r["pipeline"]["efficiency"] for r in repeats])
+        if all("pipeline" in r for r in repeats)
+        else None,
     }

@@ -136,6 +136,12 @@ def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     from dflash.bench.build import build
 
     t_import = time.perf_counter()
+    if w.pipeline:
+        from dflash.bench.pipeline import run_pipeline_repeat
+
+        res = run_pipeline_repeat(w, scratch)
+        return {**res, "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+                "devices": [], "variables": relevant_variables()}  # fmt: skip
     if w.targets != 1 or w.drafters != 1:
         raise NotImplementedError(
             f"workload {w.name}: topology {w.topology} needs the multi-process pipeline "

@@ -54,6 +54,8 @@ class Workload:
     # for shared CPU hosts where other tenants' load would otherwise be the signal
     # (a single-threaded workload's CPU time does not grow when it is descheduled).
     metric: str = "wall"
+    # False: target and drafter in one process. True: dflash.dist ranks under torchrun.
+    pipeline: bool = False
     min_doc_len: int = 64
     max_doc_len: int = 512
     seed: int = 0
@@ -61,7 +63,7 @@ class Workload:
 
     @property
     def topology(self) -> str:
-        return f"{self.targets}T+{self.drafters}D"
+        return f"{self.targets}T+{self.drafters}D/{'pipeline' if self.pipeline else 'colocated'}"
 
     @property
     def tokens_per_step(self) -> int:
@@ -112,6 +114,26 @@ WORKLOADS: dict[str, Workload] = {
         min_doc_len=32,
         max_doc_len=192,
         notes="tiny Qwen3 target (hidden 64), 2-layer drafter, one thread",
+    ),
+    # The multi-process pipeline on CPU: one target rank and one drafter rank (gloo),
+    # tiny models, one thread each. Wall-clock: two processes share the cores.
+    "tiny-cpu-pipe": Workload(
+        name="tiny-cpu-pipe",
+        device="cpu",
+        target={**TINY_TARGET, "vocab_size": None},
+        draft_layers=2,
+        seq_len=512,
+        rows=2,
+        block_size=8,
+        max_anchors=32,
+        warmup_steps=3,
+        steps=20,
+        repeats=3,
+        threads=1,
+        pipeline=True,
+        min_doc_len=32,
+        max_doc_len=192,
+        notes="tiny-cpu's shapes as a 1-target + 1-drafter torchrun pipeline",
     ),
     # The paper recipe's shapes on one GPU, target and drafter colocated (1T+1D):
     # Qwen3-8B target (random bf16 weights), 5-layer drafter, 3072-token rows,
