@@ -137,12 +137,12 @@ def test_clean_env_is_clean(clean_env, clean_report):
 def test_library_copies_on_ld_library_path(clean_env, tmp_path):
     site = clean_env / SITE
     shutil.copy(site / "nvidia/cudnn/lib/libcudnn.so.9", tmp_path)  # identical copy
-    shutil.copy(site / "nvidia/nccl/lib/libnccl.so.2", tmp_path)
-    with open(tmp_path / "libnccl.so.2", "ab") as fh:  # a copy, so no shared inode
+    shutil.copy(site / "nvidia/nvtx/lib/libnvToolsExt.so.1", tmp_path)
+    with open(tmp_path / "libnvToolsExt.so.1", "ab") as fh:  # a copy, so no shared inode
         fh.write(b"another build")
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}
     report = doctor(clean_env, env=env)
-    assert find(report, "LIB_SHADOWED", name="libnccl.so.2")[0]["severity"] == "error"
+    assert find(report, "LIB_SHADOWED", name="libnvToolsExt.so.1")[0]["severity"] == "error"
     assert find(report, "LIB_SHADOW_COPY", name="libcudnn.so.9")[0]["severity"] == "warning"
     # torch's DT_RPATH still wins at import: what it mapped is the wheel's copy
     assert not find(report, "LIB_OUTSIDE_ENV") and not find(report, "TORCH_IMPORT_FAILED")
