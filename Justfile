@@ -34,6 +34,30 @@ fmt: setup
     {{run}} ruff check --fix .
     {{run}} ruff format .
 
+# --- Container images (README "Images"). Engine: DFLASH_ENGINE=docker|podman (auto);
+# behind a TLS-intercepting proxy set DFLASH_CA_BUNDLE to a PEM bundle (build secret).
+images := "python3 images/build.py"
+
+# Build the Debian base image with debootstrap (root; skipped if it exists, --refresh rebuilds)
+base *ARGS:
+    {{images}} base {{ARGS}}
+
+# Build VARIANT's image, run its smoke stage, tag dflash:VARIANT-KEY, move dflash:VARIANT and :latest
+build VARIANT *ARGS:
+    {{images}} build {{VARIANT}} {{ARGS}}
+
+# Print the content key of VARIANT's image for the current sources (-v lists every input)
+image-key VARIANT *ARGS:
+    {{images}} key {{VARIANT}} {{ARGS}}
+
+# Remove VARIANT's current image and the pointers to it (--all: every key tag; --base: the base too)
+rmi VARIANT *ARGS:
+    {{images}} rm {{VARIANT}} {{ARGS}}
+
+# Image tests against the built VARIANT image: no-op rebuild, labels, in-place mutation
+test-images VARIANT="cu128": setup
+    DFLASH_TEST_IMAGE="$({{images}} tag {{VARIANT}})" {{run}} pytest tests/test_images.py -ra
+
 # --- Throughput benchmarks (docs/bench.md). Store: $DFLASH_BENCH_STORE or ~/.cache/dflash/bench
 
 # Run a workload (default tiny-cpu; --workload qwen3-8b-1gpu on a GPU, --image dflash:cu128 in an image); exit 1 on a regression
