@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from dflash.data.sources import DataError, normalise_record
+from dflash.data.sources import DataError
 from dflash.spec_decode import (
     CachedDrafter,
     CachedTarget,
@@ -89,31 +89,15 @@ class Prompt:
 
 
 def load_prompts(path: str, tok, limit: int | None = None) -> list[Prompt]:
-    """JSONL rows with `messages` (trailing assistant turns dropped) or `prompt`; optional id."""
+    """Prompt rows as `dflash regen` reads them, tokenized with the generation prompt open."""
+    from dflash.regen import load_prompt_rows
+
     prompts = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                if isinstance(row, dict) and isinstance(row.get("prompt"), str):
-                    row = {**row, "response": row.get("response", "")}
-                messages = normalise_record(row)
-            except ValueError as e:
-                raise DataError(f"{path}, line {lineno}: {e}") from None
-            while messages and messages[-1]["role"] == "assistant":
-                messages = messages[:-1]
-            if not messages:
-                raise DataError(f"{path}, line {lineno}: no prompt turns before the assistant")
-            ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-            if not isinstance(ids, list):  # BatchEncoding in some versions
-                ids = list(ids["input_ids"])
-            prompts.append(Prompt(str(row.get("id", lineno - 1)), list(ids)))
-            if limit and len(prompts) >= limit:
-                break
-    if not prompts:
-        raise DataError(f"{path}: no prompts")
+    for rid, messages in load_prompt_rows(path)[:limit]:
+        ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        if not isinstance(ids, list):  # a BatchEncoding in some transformers versions
+            ids = list(ids["input_ids"])
+        prompts.append(Prompt(rid, list(ids)))
     return prompts
 
 

@@ -36,7 +36,15 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and any(out.iterdir()):
         print(f"dflash demo: {out} is not empty; choose another --out", file=sys.stderr)
         return 2
-    s = run_demo(RECIPES[args.recipe], cache_root(args.cache_dir), out)
+    try:
+        s = run_demo(RECIPES[args.recipe], cache_root(args.cache_dir), out)
+    except KeyboardInterrupt:
+        print(
+            "dflash demo: interrupted; run it again: the cached target and regenerated data "
+            "are reused (regeneration resumes where it stopped)",
+            file=sys.stderr,
+        )
+        return 130
     verdict = "PASS" if s["lossless"] else f"FAIL ({len(s['mismatches'])} prompts differ)"
     bs = s["block_size"]
     print(

@@ -103,7 +103,8 @@ def train_drafter(recipe: Recipe, paths: dict[str, Path], run_dir: Path) -> Path
         device="cpu",
         attn="sdpa",
     )
-    train(cfg)
+    if train(cfg)["interrupted"]:
+        raise KeyboardInterrupt  # the cached target and data survive; a rerun reuses them
     return run_dir / "train"
 
 
