@@ -90,9 +90,15 @@ def _preflight(cfg: TrainConfig):
     """Run the environment doctor before training; None means refuse to start."""
     from dflash.envcheck.preflight import DirtyEnvironment, preflight
 
+    from dflash.envcheck import configure_compile_caches
+
     try:
-        return preflight(allow_dirty=cfg.allow_dirty_env)
+        record = preflight(allow_dirty=cfg.allow_dirty_env)
     except DirtyEnvironment as e:
         print(f"dflash train: refusing to start on a dirty environment:\n{e}", file=sys.stderr)
         print("fix it as the report says, or pass --allow-dirty-env", file=sys.stderr)
         return None
+    # Inductor/Triton caches keyed by this environment's fingerprint: a cache built in
+    # another environment (other cuDNN, NCCL, torch) is never reused.
+    record["compile_caches"] = configure_compile_caches(fingerprint=record["fingerprint"])
+    return record

@@ -17,7 +17,7 @@ class DirtyEnvironment(RuntimeError):
 
     def __init__(self, report: str, record: dict[str, Any]) -> None:
         super().__init__(
-            "the Python environment does not match its lock (pass --allow-dirty to run "
+            "the Python environment does not match its lock (pass --allow-dirty-env to run "
             "anyway; the run will be marked dirty):\n" + report
         )
         self.report = report
@@ -64,7 +64,7 @@ def preflight(
         "\n".join(
             [
                 BANNER,
-                "DIRTY ENVIRONMENT: running anyway (--allow-dirty). Results of this run are",
+                "DIRTY ENVIRONMENT: running anyway (--allow-dirty-env). Results of this run are",
                 "not comparable with clean runs and are recorded as dirty.",
                 BANNER,
                 text,

@@ -1,0 +1,104 @@
+"""`dflash train` as users run it: a real process, real signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+DFLASH = [sys.executable, "-m", "dflash.cli"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+
+
+def run(*args, timeout=300):
+    return subprocess.run(
+        [*DFLASH, *args], capture_output=True, text=True, timeout=timeout, env=ENV
+    )
+
+
+def test_train_help_lists_config_flags():
+    out = run("train", "--help").stdout
+    for flag in (
+        "--block-size",
+        "--max-anchors",
+        "--resume",
+        "--allow-dirty-env",
+        "--skip-bad-rows",
+    ):
+        assert flag in out
+
+
+def test_bad_flag_value_names_the_flag(tmp_path):
+    res = run("train", "--out", str(tmp_path / "r"), "--block-size", "1")
+    assert res.returncode == 2
+    assert "--block-size must be >= 2" in res.stderr
+
+
+def test_train_tiny_end_to_end(tmp_path):
+    res = run(
+        "train",
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "3",
+        "--out",
+        str(tmp_path / "r"),
+        "--wandb",
+        "off",
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "dflash doctor" in res.stdout  # preflight ran
+    assert (tmp_path / "r" / "drafter" / "model.safetensors").exists()
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["environment"]["dirty"] is False
+
+
+def _metric_steps(path: Path) -> list[int]:
+    if not path.exists():
+        return []
+    return [json.loads(x)["step"] for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_sigterm_checkpoints_and_resume_finishes(tmp_path):
+    out = tmp_path / "r"
+    args = ["train", "--max-steps", "3000", "--log-every", "1", "--out", str(out), "--wandb", "off"]
+    proc = subprocess.Popen(
+        [*DFLASH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+    )
+    deadline = time.time() + 240
+    while len(_metric_steps(out / "metrics.jsonl")) < 3:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline, "training never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "continue with --resume" in err
+    stopped = max(_metric_steps(out / "metrics.jsonl"))
+    assert stopped < 3000
+    ckpts = sorted((out / "checkpoints").iterdir())
+    assert ckpts[-1].name == f"step_{stopped:08d}"
+    res = run(
+        "train",
+        "--max-steps",
+        str(stopped + 3),
+        "--log-every",
+        "1",
+        "--out",
+        str(out),
+        "--wandb",
+        "off",
+        "--resume",
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"resumed from {ckpts[-1]}" in res.stdout
+    assert _metric_steps(out / "metrics.jsonl") == list(range(1, stopped + 4))
+
+
+@pytest.mark.parametrize("args", [["--preset", "qwen3-8b"], ["--attn", "fast"]])
+def test_config_errors_exit_2(tmp_path, args):
+    res = run("train", "--out", str(tmp_path / "r"), *args)
+    assert res.returncode == 2 and "dflash train:" in res.stderr
