@@ -15,6 +15,9 @@ wall time of every bench run. Others' load on the machine is part of the noise; 
 load average is recorded with each run.
 
   .venv/bin/python bench/stat_quality.py [--same 20] [--slow 10] [--out FILE]
+  .venv/bin/python bench/stat_quality.py --analyze STORE   (recompute from N*/S*.json)
+The verdicts use the harness defaults; `thresholds` repeats the counts for other
+minimum effects on the same runs (what a different --min-effect would have done).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def bench(store: str, workload: str, extra_env: dict[str, str], tag: str) -> dic
         raise RuntimeError(f"{tag}: bench exited {proc.returncode}\n{proc.stderr[-3000:]}")
     rec = json.loads(out.read_text())
     rec["_wall_s"], rec["_load"] = wall, os.getloadavg()[0]
+    out.write_text(json.dumps(rec))  # keep wall time and load for --analyze
     print(f"{tag}: {rec['summary']['median']:,.0f} {rec['summary']['unit']} "
           f"in {wall:.0f} s (load {rec['_load']:.1f})", flush=True)  # fmt: skip
     return rec
@@ -60,19 +64,36 @@ def main() -> int:
     ap.add_argument("--workload", default="tiny-cpu")
     ap.add_argument("--store", help="scratch store (default: a new temporary directory)")
     ap.add_argument("--out", default="stat_quality.json")
+    ap.add_argument("--analyze", metavar="STORE", help="only recompute from a finished run")
     args = ap.parse_args()
     var, _, value = args.slow_env.partition("=")
-    store = args.store or tempfile.mkdtemp(prefix="dflash-statq-")
-    print(f"store {store}; slow change {var}={value}", flush=True)
-    n = [bench(store, args.workload, {}, "N0")]
-    s = []
-    for i in range(1, args.same + 1):
-        n.append(bench(store, args.workload, {}, f"N{i}"))
-        if i <= args.slow:
-            s.append(bench(store, args.workload, {var: value}, f"S{i}"))
+    if args.analyze:
+        store = args.analyze
+        n, s = _load(store, "N"), _load(store, "S")
+    else:
+        store = args.store or tempfile.mkdtemp(prefix="dflash-statq-")
+        print(f"store {store}; slow change {var}={value}", flush=True)
+        n = [bench(store, args.workload, {}, "N0")]
+        s = []
+        for i in range(1, args.same + 1):
+            n.append(bench(store, args.workload, {}, f"N{i}"))
+            if i <= args.slow:
+                s.append(bench(store, args.workload, {var: value}, f"S{i}"))
+    analyze(n, s, var, args, store)
+    return 0
 
-    def verdict(base: dict, cur: dict) -> dict:
-        c = compare(base, cur)
+
+def _load(store: str, prefix: str) -> list[dict]:
+    recs, i = [], 0 if prefix == "N" else 1
+    while (Path(store) / f"{prefix}{i}.json").exists():
+        recs.append(json.loads((Path(store) / f"{prefix}{i}.json").read_text()))
+        i += 1
+    return recs
+
+
+def analyze(n: list[dict], s: list[dict], var: str, args, store: str) -> None:
+    def verdict(base: dict, cur: dict, min_effect: float | None = None) -> dict:
+        c = compare(base, cur, min_effect=min_effect)
         return {"ratio": c.ratio, "ci": c.ci, "p": c.p_slower, "verdict": c.verdict,
                 "names_change": any(var in line for line in environment_diff(base, cur))}  # fmt: skip
 
@@ -84,7 +105,13 @@ def main() -> int:
     def flagged(rows: list[dict]) -> int:
         return sum(r["verdict"] == "regression" for r in rows)
 
-    walls = [r["_wall_s"] for r in n + s]
+    thresholds = {}
+    for eff in (0.05, 0.08, 0.10):
+        same = [verdict(n[i - 1], n[i], eff) for i in range(1, len(n))]
+        slow = [verdict(n[i + 1], s[i], eff) for i in range(len(s))]
+        thresholds[f"{eff:.2f}"] = {"same_flagged": f"{flagged(same)}/{len(same)}",
+                                    "slow_flagged": f"{flagged(slow)}/{len(slow)}"}  # fmt: skip
+    walls = [r.get("_wall_s", 0.0) for r in n + s]
     result = {
         "workload": args.workload,
         "slow_env": args.slow_env,
@@ -96,16 +123,23 @@ def main() -> int:
         "slow_cost_median_ratio": median([r["ratio"] for r in slow_chain]) if s else None,
         "same_ratio_range": [min(r["ratio"] for r in same_chain), max(r["ratio"] for r in same_chain)],
         "bench_wall_s": {"median": median(walls), "max": max(walls)},
-        "load_avg": [r["_load"] for r in n + s],
+        "thresholds_chain": thresholds,
+        "same_ratios_chain": [round(r["ratio"], 3) for r in same_chain],
+        "slow_ratios_chain": [round(r["ratio"], 3) for r in slow_chain],
+        "load_avg": [r.get("_load") for r in n + s],
         "same_chain": same_chain, "same_fixed": same_fixed,
         "slow_chain": slow_chain, "slow_fixed": slow_fixed,
         "store": store,
     }  # fmt: skip
     Path(args.out).write_text(json.dumps(result, indent=1))
     for k, v in result.items():
-        if not isinstance(v, list) or k in ("same_ratio_range",):
+        if not isinstance(v, list) or k in (
+            "same_ratio_range",
+            "same_ratios_chain",
+            "slow_ratios_chain",
+            "load_avg",
+        ):
             print(f"{k}: {v}")
-    return 0
 
 
 if __name__ == "__main__":

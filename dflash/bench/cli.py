@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from dflash.bench.compare import ALPHA, MIN_EFFECT, Comparison, compare
+from dflash.bench.compare import ALPHA, Comparison, compare
 from dflash.bench.store import STORE_ENV, Store, baseline_key
 from dflash.bench.workloads import WORKLOADS
 
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--engine", default="auto", choices=("auto", "docker", "buildah"))
     run.add_argument("--no-auto-accept", action="store_true", help="never auto-accept")
     run.add_argument("--alpha", type=float, default=ALPHA, help="significance level")
-    run.add_argument("--min-effect", type=float, default=MIN_EFFECT, help="e.g. 0.05 = 5%%")
+    run.add_argument("--min-effect", type=float, help="e.g. 0.05 = 5%% (default: the workload's)")
     run.add_argument("--json-out", help="also write the record to this file")
     run.add_argument("--emit", action="store_true", help=argparse.SUPPRESS)  # in-image half
 
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cmp_.add_argument("baseline")
     cmp_.add_argument("current")
     cmp_.add_argument("--alpha", type=float, default=ALPHA)
-    cmp_.add_argument("--min-effect", type=float, default=MIN_EFFECT)
+    cmp_.add_argument("--min-effect", type=float, help="default: the workload's")
     cmp_.add_argument("--json", action="store_true")
     cmp_.add_argument("--store", help=store_help)
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflash.bench import stats
-from dflash.bench.workloads import describe_difference
+from dflash.bench.workloads import POLICY_FIELDS, describe_difference
 
 ALPHA = 0.05
-MIN_EFFECT = 0.05  # ratio below 0.95 (or above 1/0.95) to count as a change
+MIN_EFFECT = 0.05  # default when a record's workload names none
 
 
 @dataclass
@@ -64,8 +64,8 @@ def refusal_reasons(base: dict[str, Any], cur: dict[str, Any]) -> list[str]:
         reasons.append(f"different topology: baseline {bw['topology']}, this run {cw['topology']}")
     if bw["hash"] != cw["hash"]:
         changed = describe_difference(
-            {k: v for k, v in bw["definition"].items() if k != "repeats"},
-            {k: v for k, v in cw["definition"].items() if k != "repeats"},
+            {k: v for k, v in bw["definition"].items() if k not in POLICY_FIELDS},
+            {k: v for k, v in cw["definition"].items() if k not in POLICY_FIELDS},
         )
         reasons.append(
             f"different workload definition (hash {bw['hash'][:12]} vs {cw['hash'][:12]}): "
@@ -114,8 +114,11 @@ def compare(
     base: dict[str, Any],
     cur: dict[str, Any],
     alpha: float = ALPHA,
-    min_effect: float = MIN_EFFECT,
+    min_effect: float | None = None,
 ) -> Comparison:
+    """`min_effect` None: the current workload's own (its definition's `min_effect`)."""
+    if min_effect is None:
+        min_effect = cur["workload"]["definition"].get("min_effect", MIN_EFFECT)
     out = Comparison(
         verdict="refused",
         baseline_id=base.get("id"),

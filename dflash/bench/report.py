@@ -54,9 +54,9 @@ def comparison_lines(base: dict[str, Any], cur: dict[str, Any], c: Comparison) -
         lines.append(
             f"  {r['stage']:<12} {r['baseline_ms']:9.2f} -> {r['current_ms']:9.2f} ({ratio}{share})"
         )
-    if c.verdict == "regression" and c.stages:
+    if c.verdict == "regression" and c.stages and c.stages[0]["delta_ms"] > 0:
         worst = c.stages[0]
-        lines.append(f"slowest-growing stage: {worst['stage']} (+{worst['delta_ms']:.2f} ms/step)")
+        lines.append(f"stage that slowed most: {worst['stage']} (+{worst['delta_ms']:.2f} ms/step)")
     diff = environment_diff(base, cur)
     lines.append(
         "environment changes since the baseline:" if diff else "no environment change found"

@@ -2,8 +2,9 @@
 
 Separate processes make repeats independent: allocator state, compile caches held in
 memory, thread pools and a lucky or unlucky CPU placement do not carry over. The
-comparison's samples are one number per repeat (the median of its steady steps), so
-step-to-step correlation inside a process cannot inflate the significance.
+comparison's samples are one number per repeat (the workload's sample_quantile of
+its steady steps' throughput), so step-to-step correlation inside a process cannot
+inflate the significance.
 
 Repeats are forked from a forkserver that has imported torch and transformers once
 (~4-10 s on a loaded 2-core host, more than the repeat itself); that server never
@@ -59,7 +60,7 @@ def run_repeats(w: Workload, log: Callable[[str], object] = print) -> list[dict[
             res = json.loads(out.read_text())
             res.update(repeat=i, process_s=time.perf_counter() - t0, import_s=import_s)
             results.append(res)
-            value = median([s[w.metric_key] for s in res["steps"]])
+            value = repeat_sample(w, res["steps"])
             log(
                 f"  repeat {i + 1}/{w.repeats}: {value:,.0f} {unit(w)} "
                 f"(build {res['build_s']:.1f} s, first step {res['first_step_s']:.2f} s, "
@@ -90,8 +91,21 @@ def unit(w: Workload) -> str:
     return "tok/cpu-s" if w.metric == "cpu" else "tok/s"
 
 
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile by linear interpolation between order statistics."""
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def repeat_sample(w: Workload, steps: list[dict[str, Any]], key: str | None = None) -> float:
+    return quantile([s[key or w.metric_key] for s in steps], w.sample_quantile)
+
+
 def summarize(w: Workload, repeats: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-repeat medians (the comparison's samples) and pooled stage medians."""
+    """Per-repeat samples (the comparison's) and pooled stage medians."""
     key = w.metric_key
     steps = [s for r in repeats for s in r["steps"]]
     stage_names = sorted({k for s in steps for k in s["stages"]})
@@ -99,9 +113,10 @@ def summarize(w: Workload, repeats: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "metric": key,
         "unit": unit(w),
-        "samples": [median([s[key] for s in r["steps"]]) for r in repeats],
+        "samples": [repeat_sample(w, r["steps"]) for r in repeats],
+        "sample_quantile": w.sample_quantile,
         "wall_tok_per_s": [median([s["tok_per_s"] for s in r["steps"]]) for r in repeats],
-        "median": median([median([s[key] for s in r["steps"]]) for r in repeats]),
+        "median": median([repeat_sample(w, r["steps"]) for r in repeats]),
         "step_s": steady,
         "stages_s": {k: median([s["stages"].get(k, 0.0) for s in steps]) for k in stage_names},
         "import_s": median([r["import_s"] for r in repeats]),

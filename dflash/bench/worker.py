@@ -9,9 +9,12 @@ comparison uses. Each steady step records its tokens/s and per-stage times:
   anchors    anchor sampling
   drafter_fwd, drafter_bwd, optimizer
   wait       time the host spent waiting for the device at the end of the step
-On CPU every stage is synchronous and timed with the host clock. On CUDA the stages
-are timed with events (no sync between stages, so the host can still run ahead
-within a step) and the step ends with one synchronize, charged to `wait`.
+On CPU every stage is synchronous and timed with the host clock, or with the
+process's CPU clock when the workload's metric is CPU time (then stage times and
+throughput use the same clock, and other tenants' load does not fill the stages).
+On CUDA the stages are timed with events (no sync between stages, so the host can
+still run ahead within a step) and the step ends with one synchronize, charged to
+`wait`.
 """
 
 from __future__ import annotations
@@ -40,11 +43,12 @@ def relevant_variables(environ: dict[str, str] | None = None) -> dict[str, str]:
 class StageClock:
     """Per-stage durations of one step: host clock on CPU, CUDA events on GPU."""
 
-    def __init__(self, device) -> None:
+    def __init__(self, device, cpu_time: bool = False) -> None:
         import torch
 
         self.cuda = device.type == "cuda"
         self.torch = torch
+        self.clock = time.process_time if cpu_time else time.perf_counter
         self.marks: list[tuple[str, Any]] = []
 
     def start(self) -> None:
@@ -58,7 +62,7 @@ class StageClock:
             ev = self.torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
-        return time.perf_counter()
+        return self.clock()
 
     def durations(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -152,7 +156,7 @@ def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
         torch.cuda.synchronize()
     t_build = time.perf_counter()
     p.drafter.train()
-    clock = StageClock(p.device)
+    clock = StageClock(p.device, cpu_time=w.metric == "cpu")
     first = run_steps(p, 1, 0, clock)
     warm = run_steps(p, w.warmup_steps - 1, 1, clock) if w.warmup_steps > 1 else []
     steady = run_steps(p, w.steps, w.warmup_steps, clock)
