@@ -29,6 +29,14 @@ test *ARGS: check
 train *ARGS: setup
     {{run}} dflash train {{ARGS}}
 
+# Offline end-to-end demo on CPU: tiny target from stdlib sources, regenerated data, drafter, eval and plot
+demo *ARGS: setup
+    {{run}} dflash demo {{ARGS}}
+
+# Audit this environment against uv.lock (and the image manifest): contamination, shadowed libraries, stale caches
+doctor *ARGS: setup
+    {{run}} dflash doctor {{ARGS}}
+
 # Apply ruff's fixes and formatting
 fmt: setup
     {{run}} ruff check --fix .
