@@ -1,5 +1,6 @@
 """`dflash train` as users run it: a real process, real signals."""
 
+import importlib.metadata
 import json
 import os
 import signal
@@ -102,3 +103,33 @@ def test_sigterm_checkpoints_and_resume_finishes(tmp_path):
 def test_config_errors_exit_2(tmp_path, args):
     res = run("train", "--out", str(tmp_path / "r"), *args)
     assert res.returncode == 2 and "dflash train:" in res.stderr
+
+
+def test_dirty_environment_refused_unless_allowed_and_then_marked(tmp_path):
+    """A lock that disagrees with what is installed makes the environment dirty."""
+    lock = (Path(__file__).resolve().parents[1] / "uv.lock").read_text()
+    installed = importlib.metadata.version("tqdm")
+    needle = f'name = "tqdm"\nversion = "{installed}"'
+    assert needle in lock
+    (tmp_path / "uv.lock").write_text(lock.replace(needle, 'name = "tqdm"\nversion = "0.0.1"'))
+    env = {**ENV, "DFLASH_LOCK": str(tmp_path / "uv.lock")}
+    args = [*DFLASH, "train", "--max-steps", "2", "--log-every", "1", "--wandb", "off"]
+    refused = subprocess.run(
+        [*args, "--out", str(tmp_path / "a")], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert refused.returncode == 3
+    assert "VERSION_MISMATCH" in refused.stderr and "--allow-dirty-env" in refused.stderr
+    assert not (tmp_path / "a").exists()
+    ran = subprocess.run(
+        [*args, "--out", str(tmp_path / "b"), "--allow-dirty-env"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "DIRTY ENVIRONMENT" in ran.stdout + ran.stderr
+    recs = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert recs and all(r["dirty_env"] is True for r in recs)
+    run_record = json.loads((tmp_path / "b" / "run.json").read_text())
+    assert run_record["environment"]["dirty"] is True
