@@ -153,6 +153,12 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.add_special_tokens(list(SPECIAL_TOKENS))
 
+    return wrap_chatml(tok)
+
+
+def wrap_chatml(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    """A `tokenizers` byte-level tokenizer with our special tokens -> HF fast tokenizer
+    with the ChatML chat template (shared by the tiny preset and the demo target)."""
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=EOS_TOKEN,

@@ -15,13 +15,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dflash.data.tokenizer import CHAT_TEMPLATE, EOS_TOKEN, IM_END, IM_START, SPECIAL_TOKENS
+from dflash.data.tokenizer import IM_END, SPECIAL_TOKENS, wrap_chatml
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
     """Byte-level BPE trained with `tokenizers`, wrapped as a fast HF tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -35,15 +34,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
-        extra_special_tokens=[IM_START, IM_END],
-        model_max_length=1 << 20,
-    )
-    hf.chat_template = CHAT_TEMPLATE
-    return hf
+    return wrap_chatml(tok)
 
 
 def target_config(tok, *, hidden: int, layers: int, max_len: int):
