@@ -123,7 +123,7 @@ def buildah_image_info(ref: str) -> dict[str, Any]:
         "ref": ref,
         "id": "sha256:" + data["FromImageID"],
         "digest": data.get("FromImageDigest"),
-        "tags": [data.get("FromImage")],
+        "tags": [t for t in [data.get("FromImage")] if t],  # empty when run by id
         "labels": (oci.get("config") or {}).get("Labels") or {},
     }
 
