@@ -71,13 +71,19 @@ def test_no_auto_accept_flag(bench):
     assert code == 0 and "recorded only" in out and not store.promotions()
 
 
-def test_accept_promotes_latest_and_refuses_dirty(bench, capsys):
+def test_accept_promotes_latest_of_this_machine_and_refuses_dirty(bench, capsys, monkeypatch):
+    from dflash.bench import hardware
+
     run, store = bench
+    here = make_record(BASE)["hardware"]
+    monkeypatch.setattr(hardware, "hardware_fingerprint", lambda: here)
     run(make_record(BASE))
     run(scaled(make_record(BASE), 0.7))  # a regression, recorded
+    mine = store.records("tiny-cpu")[-1]
+    run(make_record(BASE, cpu_count=64))  # another machine sharing the store, later
     assert cli.run(parse("accept", "--store", str(store.root), "--reason", "intended")) == 0
-    latest = store.records("tiny-cpu")[-1]
-    assert store.promotions()[-1]["record"] == latest["id"]
+    assert store.promotions()[-1]["record"] == mine["id"]
+    assert store.promotions()[-1]["reason"] == "intended"
     run(make_record(BASE, dirty=True))
     assert cli.run(parse("accept", "--store", str(store.root))) == 2
     assert "dirty" in capsys.readouterr().out

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--emit", action="store_true", help=argparse.SUPPRESS)  # in-image half
 
     acc = sub.add_parser("accept", help="promote a record to its key's baseline")
-    acc.add_argument("record", nargs="?", help="record id or file (default: latest)")
+    acc.add_argument("record", nargs="?", help="record id or file (default: latest here)")
     acc.add_argument("--workload", default="tiny-cpu")
     acc.add_argument("--reason", default="accepted by hand")
     acc.add_argument("--force", action="store_true", help="accept a dirty-environment run")
@@ -139,9 +139,13 @@ def do_accept(args: argparse.Namespace) -> int:
     if args.record:
         rec = store.find(args.record)
     else:
-        recs = store.records(args.workload)
+        from dflash.bench.hardware import hardware_fingerprint
+
+        # A store may be shared by several machines: the latest run on this one.
+        here = hardware_fingerprint()["key"]
+        recs = [r for r in store.records(args.workload) if r["hardware"]["key"] == here]
         if not recs:
-            print(f"no records of {args.workload} in {store.root}", file=sys.stderr)
+            print(f"no records of {args.workload} from this machine in {store.root}")
             return 2
         rec = recs[-1]
     if rec["environment"].get("dirty") and not args.force:
