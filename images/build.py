@@ -437,15 +437,18 @@ def cmd_build(args: argparse.Namespace) -> int:
                 eng.tag(base_id, pin_ref(base_id))
             bargs = build_args(args.variant, key, base_ref, base_id)
             built = _build(eng, args.variant, "runtime", bargs, ctx, Path(tmp) / "iid")
+            smoke = None
             if not args.no_smoke:
                 smoke = _build(eng, args.variant, "smoke", bargs, ctx, Path(tmp) / "smoke-iid")
-                if smoke != built:
-                    eng.untag_or_remove(smoke)
                 print("smoke stage passed", flush=True)
             # Re-check just before tagging: a concurrent build may have taken the tag.
             if existing_key_image(eng, tag, key) is None:
                 eng.tag(built, tag)
             have = eng.image_id(tag)
+            # Only now: removing the untagged smoke image also removes its untagged
+            # parents, the runtime image among them until it has a name.
+            if smoke is not None and smoke != built:
+                eng.untag_or_remove(smoke)
             print(f"built {tag} ({have}, {_gb(eng.size(tag))})")
         else:
             print(f"up to date: {tag} ({have}) already holds content key {key}")
