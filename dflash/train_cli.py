@@ -88,9 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _preflight(cfg: TrainConfig):
     """Run the environment doctor before training; None means refuse to start."""
-    from dflash.envcheck.preflight import DirtyEnvironment, preflight
-
     from dflash.envcheck import configure_compile_caches
+    from dflash.envcheck.preflight import DirtyEnvironment, preflight
 
     try:
         record = preflight(allow_dirty=cfg.allow_dirty_env)

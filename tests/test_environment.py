@@ -28,7 +28,9 @@ def test_extras_conflict_and_pin_torch():
 
 def test_cu128_lock_uses_cuda12_wheels_only():
     torch_pkg = next(p for p in lock_packages("torch") if p["version"] == "2.10.0")
-    nvidia = [d["name"] for d in torch_pkg.get("dependencies", []) if d["name"].startswith("nvidia")]
+    nvidia = [
+        d["name"] for d in torch_pkg.get("dependencies", []) if d["name"].startswith("nvidia")
+    ]
     assert nvidia, "the cu128 torch should depend on nvidia-*-cu12 wheels"
     assert all(n.endswith("-cu12") for n in nvidia), nvidia
 
