@@ -14,13 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def tiny_qwen3_config():
     from transformers import Qwen3Config
 
-    return Qwen3Config(
-        vocab_size=128,
-        hidden_size=64,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        tie_word_embeddings=False,
-    )
+    from dflash.config import TINY_TARGET
+
+    # The tiny preset's target shapes, with a small vocabulary and no padded rows.
+    return Qwen3Config(vocab_size=128, tie_word_embeddings=False, **TINY_TARGET)

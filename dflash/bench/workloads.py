@@ -105,48 +105,43 @@ class Workload:
         return cls(**d)
 
 
+# CI on 2 shared cores: small enough for 5 repeats well under 3 minutes, large
+# enough that matmuls and attention, not Python overhead alone, set the pace.
+_TINY_CPU = Workload(
+    name="tiny-cpu",
+    device="cpu",
+    target={**TINY_TARGET, "vocab_size": None},
+    draft_layers=2,
+    seq_len=512,
+    rows=2,
+    block_size=8,
+    max_anchors=32,
+    warmup_steps=3,
+    steps=30,
+    repeats=5,
+    threads=1,
+    metric="cpu",
+    sample_quantile=0.9,
+    min_effect=0.07,
+    min_doc_len=32,
+    max_doc_len=192,
+    notes="tiny Qwen3 target (hidden 64), 2-layer drafter, one thread",
+)
+
+
 WORKLOADS: dict[str, Workload] = {
-    # CI on 2 shared cores: small enough for 5 repeats well under 3 minutes, large
-    # enough that matmuls and attention, not Python overhead alone, set the pace.
-    "tiny-cpu": Workload(
-        name="tiny-cpu",
-        device="cpu",
-        target={**TINY_TARGET, "vocab_size": None},
-        draft_layers=2,
-        seq_len=512,
-        rows=2,
-        block_size=8,
-        max_anchors=32,
-        warmup_steps=3,
-        steps=30,
-        repeats=5,
-        threads=1,
-        metric="cpu",
-        sample_quantile=0.9,
-        min_effect=0.07,
-        min_doc_len=32,
-        max_doc_len=192,
-        notes="tiny Qwen3 target (hidden 64), 2-layer drafter, one thread",
-    ),
+    "tiny-cpu": _TINY_CPU,
     # The multi-process pipeline on CPU: one target rank and one drafter rank (gloo),
     # tiny models, one thread each. Wall-clock: two processes share the cores.
-    "tiny-cpu-pipe": Workload(
+    "tiny-cpu-pipe": dataclasses.replace(
+        _TINY_CPU,
         name="tiny-cpu-pipe",
-        device="cpu",
-        target={**TINY_TARGET, "vocab_size": None},
-        draft_layers=2,
-        seq_len=512,
-        rows=2,
-        block_size=8,
-        max_anchors=32,
-        warmup_steps=3,
         steps=20,
         repeats=3,
-        threads=1,
         pipeline=True,
+        metric="wall",
+        sample_quantile=0.5,
         min_effect=0.10,  # wall-clock on shared cores: for local use, not a CI gate
-        min_doc_len=32,
-        max_doc_len=192,
         notes="tiny-cpu's shapes as a 1-target + 1-drafter torchrun pipeline",
     ),
     # The paper recipe's shapes on one GPU, target and drafter colocated (1T+1D):
