@@ -24,8 +24,11 @@ def make_record(
     variant: str = "cu128",
     dirty: bool = False,
     t: float | None = None,
+    reference_ms: float | None = None,
     **workload_changes: Any,
 ) -> dict[str, Any]:
+    """`samples` are the comparison's; with `reference_ms` the record also carries the
+    machine-speed reference's time per repeat and (equal, host at 1x) raw samples."""
     w = get_workload(workload).with_changes(**workload_changes)
     t = 1.7e9 + 3600 * next(_clock) if t is None else t  # records sort by time
     stages = {k: v / 1e3 for k, v in (stages_ms or {"target": 50.0, "drafter_fwd": 30.0}).items()}
@@ -41,6 +44,25 @@ def make_record(
         "torch": {"__version__": dists.get("torch"), "cuda": "12.8"},
         "variables": {},
     }
+    summary = {
+        "metric": w.metric_key,
+        "unit": w.unit,
+        "samples": list(samples),
+        "wall_tok_per_s": list(samples),
+        "median": sorted(samples)[len(samples) // 2],
+        "step_s": sum(stages.values()),
+        "stages_s": stages,
+        "import_s": 1.0,
+        "build_s": 0.1,
+        "first_step_s": 0.2,
+        "compile_s": 0.1,
+        "warmup_s": 0.3,
+        "process_s": 5.0,
+    }
+    if reference_ms is not None:
+        summary["reference_s"] = [reference_ms / 1e3] * len(samples)
+        summary["uncorrected_metric"] = "tok_per_cpu_s"
+        summary["uncorrected_samples"] = list(samples)
     return {
         "schema": 1,
         "id": f"rec-{random.random():.8f}",
@@ -66,33 +88,24 @@ def make_record(
         },
         "settings": {"threads": 1, "interop_threads": 2, "variables": dict(variables or {})},
         "git": {"revision": "abc", "dirty": False},
-        "summary": {
-            "metric": w.metric_key,
-            "unit": "tok/cpu-s",
-            "samples": list(samples),
-            "wall_tok_per_s": list(samples),
-            "median": sorted(samples)[len(samples) // 2],
-            "step_s": sum(stages.values()),
-            "stages_s": stages,
-            "import_s": 1.0,
-            "build_s": 0.1,
-            "first_step_s": 0.2,
-            "compile_s": 0.1,
-            "warmup_s": 0.3,
-            "process_s": 5.0,
-        },
+        "summary": summary,
         "repeats": [],
     }
 
 
-def scaled(rec: dict[str, Any], factor: float, **changes: Any) -> dict[str, Any]:
-    """A copy of `rec` with throughput times `factor` (stage times / factor)."""
+def scaled(rec: dict[str, Any], factor: float, host: float = 1.0, **changes: Any) -> dict[str, Any]:
+    """A copy of `rec` whose code runs `factor` times as fast on a host running `host`
+    times as fast: the comparison's (reference-corrected) samples move by `factor`,
+    raw CPU times and the reference's time by the host too."""
     out = copy.deepcopy(rec)
     s = out["summary"]
     s["samples"] = [v * factor for v in s["samples"]]
     s["median"] *= factor
-    s["stages_s"] = {k: v / factor for k, v in s["stages_s"].items()}
-    s["step_s"] /= factor
+    s["stages_s"] = {k: v / (factor * host) for k, v in s["stages_s"].items()}
+    s["step_s"] /= factor * host
+    if "reference_s" in s:
+        s["reference_s"] = [v / host for v in s["reference_s"]]
+        s["uncorrected_samples"] = [v * factor * host for v in s["uncorrected_samples"]]
     out["id"] = f"rec-{random.random():.8f}"
     out["time_unix"] = 1.7e9 + 3600 * next(_clock)
     for k, v in changes.items():

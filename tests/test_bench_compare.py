@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from bench_fakes import make_record, scaled
 
 from dflash.bench.compare import compare
@@ -24,7 +25,7 @@ def test_twenty_percent_drop_is_a_regression_with_exit_1():
     cur = scaled(base, 0.8)
     c = compare(base, cur)
     assert c.verdict == "regression" and c.exit_code == 1
-    assert c.ratio == __import__("pytest").approx(0.8)
+    assert c.ratio == pytest.approx(0.8)
     assert c.ci[1] < 1.0
 
 
@@ -124,3 +125,41 @@ def test_colocated_and_pipeline_runs_are_refused():
     c = compare(make_record(BASE), make_record(BASE, workload="tiny-cpu-pipe"))
     assert c.verdict == "refused"
     assert any("1T+1D/colocated, this run 1T+1D/pipeline" in r for r in c.reasons)
+
+
+def test_slower_host_alone_is_not_a_regression():
+    # Another tenant makes everything 20% slower: raw tok/cpu-s drops, the reference
+    # kernel slows by as much, and the corrected comparison passes, saying why.
+    base = make_record(BASE, reference_ms=14.0)
+    cur = scaled(base, 1.0, host=0.8)
+    c = compare(base, cur)
+    assert c.verdict == "pass"
+    assert c.machine_speed == pytest.approx(0.8)
+    assert c.uncorrected_ratio == pytest.approx(0.8)
+    text = "\n".join(comparison_lines(base, cur, c))
+    assert "host speed (reference kernel) 0.800x" in text
+    assert "uncorrected tok/cpu-s ratio 0.800x" in text
+
+
+def test_regression_hidden_by_a_faster_host_is_still_found():
+    # 15% slower code on a host that happens to run 15% faster: raw numbers barely
+    # move, the corrected ratio shows the regression and the stages are put back at
+    # the baseline's host speed, so the one that grew is named.
+    base = make_record(BASE, reference_ms=14.0, stages_ms={"target": 50.0, "drafter_fwd": 30.0})
+    cur = scaled(base, 0.85, host=1.15)
+    cur["summary"]["stages_s"] = {"target": 0.0641 / 1.15, "drafter_fwd": 0.030 / 1.15}
+    cur["summary"]["step_s"] = sum(cur["summary"]["stages_s"].values())
+    c = compare(base, cur)
+    assert c.uncorrected_ratio == pytest.approx(0.85 * 1.15)
+    assert c.verdict == "regression" and c.ratio == pytest.approx(0.85)
+    assert c.stages[0]["stage"] == "target"
+    assert c.stages[0]["current_ms"] == pytest.approx(64.1)
+    assert c.stages[1]["current_ms"] == pytest.approx(30.0)
+    assert 0.99 < c.stages[0]["share"] <= 1.0
+
+
+def test_records_without_a_reference_report_no_host_speed():
+    base = make_record(BASE)
+    c = compare(base, scaled(base, 0.8))
+    assert c.machine_speed is None and c.uncorrected_ratio is None
+    assert "host speed" not in "\n".join(comparison_lines(base, scaled(base, 0.8), c))

@@ -29,7 +29,7 @@ def test_worker_times_every_stage(micro, tmp_path):
 
 
 def test_summary_uses_one_sample_per_repeat(micro, tmp_path):
-    from dflash.bench.runner import summarize
+    from dflash.bench.runner import repeat_sample, summarize
     from dflash.bench.worker import run_repeat
 
     reps = []
@@ -38,8 +38,42 @@ def test_summary_uses_one_sample_per_repeat(micro, tmp_path):
         r.update(repeat=i, process_s=1.0, import_s=0.5)
         reps.append(r)
     s = summarize(micro, reps)
-    assert len(s["samples"]) == 2 and s["metric"] == "tok_per_cpu_s"
+    assert len(s["samples"]) == 2 and s["metric"] == "tok_per_ref"
     assert s["stages_s"]["target"] > 0
+    # The corrected samples and the raw ones they came from, and the host's speed.
+    assert len(s["reference_s"]) == 2 and min(s["reference_s"]) > 0
+    assert s["uncorrected_samples"] == [
+        repeat_sample(micro, r["steps"], "tok_per_cpu_s") for r in reps
+    ]
+
+
+def test_reference_runs_after_every_steady_step_on_the_cpu_clock(micro, tmp_path):
+    from dflash.bench.worker import run_repeat
+
+    res = run_repeat(micro.definition(), str(tmp_path))
+    for step in res["steps"]:
+        assert step["ref_s"] > 0
+        assert step["tok_per_ref"] == pytest.approx(step["tokens"] * step["ref_s"] / step["cpu_s"])
+        # Outside the step's own timing: the stages still add up to the step.
+        assert sum(step["stages"].values()) <= step["step_s"] * 1.05
+    assert all("ref_s" not in s for s in res["warmup"])
+    plain = run_repeat(micro.with_changes(reference=0).definition(), str(tmp_path))
+    assert all("ref_s" not in s for s in plain["steps"])
+
+
+def test_reference_is_part_of_the_workload_and_validated():
+    w = get_workload("tiny-cpu")
+    assert w.reference and w.metric_key == "tok_per_ref" and w.unit == "tok/ref"
+    assert w.with_changes(reference=0).hash() != w.hash()
+    assert w.with_changes(reference=0).metric_key == "tok_per_cpu_s"
+    with pytest.raises(ValueError, match="reference needs metric 'cpu'"):
+        w.with_changes(metric="wall")
+    with pytest.raises(ValueError, match="reference version 99"):
+        w.with_changes(reference=99)
+    with pytest.raises(ValueError, match="metric must be"):
+        w.with_changes(reference=0, metric="gpu")
+    assert not get_workload("tiny-cpu-pipe").reference
+    assert not get_workload("qwen3-8b-1gpu").reference
 
 
 def test_workload_hash_ignores_repeats_but_not_shapes():

@@ -29,6 +29,8 @@ class Comparison:
     confidence: float | None = None
     p_slower: float | None = None
     p_faster: float | None = None
+    machine_speed: float | None = None  # reference time baseline / now (>1: host faster)
+    uncorrected_ratio: float | None = None  # the same ratio without the correction
     stages: list[dict[str, Any]] = field(default_factory=list)
     baseline_id: str | None = None
     current_id: str | None = None
@@ -48,6 +50,8 @@ class Comparison:
             "confidence": self.confidence,
             "p_slower": self.p_slower,
             "p_faster": self.p_faster,
+            "machine_speed": self.machine_speed,
+            "uncorrected_ratio": self.uncorrected_ratio,
             "stages": self.stages,
             "baseline_id": self.baseline_id,
             "alpha": self.alpha,
@@ -89,10 +93,23 @@ def refusal_reasons(base: dict[str, Any], cur: dict[str, Any]) -> list[str]:
     return reasons
 
 
+def machine_speed(base: dict[str, Any], cur: dict[str, Any]) -> float | None:
+    """How much faster the host ran the machine-speed reference now than for the
+    baseline (>1: faster now); None without a reference in both records."""
+    b, c = base["summary"].get("reference_s"), cur["summary"].get("reference_s")
+    if not b or not c:
+        return None
+    return stats.median(b) / stats.median(c)
+
+
 def stage_changes(base: dict[str, Any], cur: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per-stage median time per step, baseline vs now, largest added time first."""
-    b, c = base["summary"]["stages_s"], cur["summary"]["stages_s"]
-    b_step, c_step = base["summary"]["step_s"], cur["summary"]["step_s"]
+    """Per-stage median time per step, baseline vs now, largest added time first.
+    With a machine-speed reference, today's times are scaled to the baseline's host
+    speed, so the stages' changes add up to the corrected ratio, not to the host's."""
+    speed = machine_speed(base, cur) or 1.0
+    b = base["summary"]["stages_s"]
+    c = {k: v * speed for k, v in cur["summary"]["stages_s"].items()}
+    b_step, c_step = base["summary"]["step_s"], cur["summary"]["step_s"] * speed
     rows = []
     for name in sorted(set(b) | set(c)):
         tb, tc = b.get(name, 0.0), c.get(name, 0.0)
@@ -135,6 +152,10 @@ def compare(
     out.p_slower = stats.mann_whitney_less(x, y)
     out.p_faster = stats.mann_whitney_less(y, x)
     out.stages = stage_changes(base, cur)
+    out.machine_speed = machine_speed(base, cur)
+    bu, cu = base["summary"].get("uncorrected_samples"), cur["summary"].get("uncorrected_samples")
+    if bu and cu:
+        out.uncorrected_ratio = stats.log_ratio(cu, bu, 1.0 - alpha)[0]
     if out.p_slower < alpha and out.ratio < 1.0 - min_effect:
         out.verdict = "regression"
     elif out.p_faster < alpha and out.ratio > 1.0 / (1.0 - min_effect):

@@ -3,7 +3,9 @@
 One line per environment key (image hash inside images, environment fingerprint
 outside), so a new image shows up as a new series; each point is a run's median with
 its repeat range as an error bar; regressions are red crosses and accepted baselines
-are circled.
+are circled. Workloads with the machine-speed reference get a second panel with the
+reference kernel's time per run: the host's own speed, which the throughput above is
+already corrected for.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+from dflash.bench.stats import median
 from dflash.bench.store import Store
 
 
@@ -52,7 +55,13 @@ def plot(records: list[dict[str, Any]], accepted: set[str], workload: str, path:
     matplotlib.use("Agg")  # no display on CI runners
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
+    hosts = [r for r in records if r["summary"].get("reference_s")]
+    if hosts:  # a second panel: how fast the shared host itself ran each time
+        fig, (ax, ax_host) = plt.subplots(
+            2, 1, figsize=(10, 6.5), dpi=110, sharex=True, height_ratios=[3, 1]
+        )
+    else:
+        fig, ax = plt.subplots(figsize=(10, 5), dpi=110)
     series: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         series.setdefault(_label(r), []).append(r)
@@ -79,10 +88,17 @@ def plot(records: list[dict[str, Any]], accepted: set[str], workload: str, path:
     unit = records[-1]["summary"]["unit"] if records else "tok/s"
     ax.set_title(f"dflash bench: {workload} throughput per environment (median, repeat range)")
     ax.set_ylabel(unit)
-    ax.set_xlabel("run time (UTC)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
+    if hosts:
+        t = [dt.datetime.fromtimestamp(r["time_unix"], dt.UTC) for r in hosts]
+        ms = [1e3 * median(r["summary"]["reference_s"]) for r in hosts]
+        ax_host.plot(t, ms, marker=".", color="gray")
+        ax_host.set_ylabel("reference ms\n(lower = faster host)", fontsize=8)
+        ax_host.grid(alpha=0.3)
+        ax = ax_host
+    ax.set_xlabel("run time (UTC)")
     fig.autofmt_xdate()
     fig.tight_layout()
     fig.savefig(path)

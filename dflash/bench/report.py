@@ -26,6 +26,11 @@ def run_summary(rec: dict[str, Any]) -> list[str]:
         "stages (median ms/step): "
         + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in s["stages_s"].items()),
     ]
+    if s.get("reference_s"):
+        raw = ", ".join(f"{v:,.0f}" for v in s["uncorrected_samples"])
+        ref = ", ".join(f"{v * 1e3:.2f}" for v in s["reference_s"])
+        lines.insert(3, f"uncorrected tok/cpu-s per repeat: {raw}")
+        lines.insert(4, f"reference kernel ms per repeat (host speed): {ref}")
     if s.get("pipeline_efficiency") is not None:
         lines.append(f"pipeline efficiency: {s['pipeline_efficiency']:.1%}")
     return lines
@@ -46,8 +51,14 @@ def comparison_lines(base: dict[str, Any], cur: dict[str, Any], c: Comparison) -
         f"{c.confidence:.0%} CI [{c.ci[0]:.3f}, {c.ci[1]:.3f}], "
         f"Mann-Whitney p(slower)={c.p_slower:.4f} p(faster)={c.p_faster:.4f} "
         f"(alpha {c.alpha}, minimum effect {c.min_effect:.0%})",
-        "stage times (median ms/step, baseline -> now):",
     ]
+    if c.machine_speed is not None and c.uncorrected_ratio is not None:
+        lines.append(
+            f"host speed (reference kernel) {c.machine_speed:.3f}x the baseline's; "
+            f"uncorrected tok/cpu-s ratio {c.uncorrected_ratio:.3f}x"
+        )
+    scaled = ", now at the baseline's host speed" if c.machine_speed is not None else ""
+    lines.append(f"stage times (median ms/step, baseline -> now{scaled}):")
     for r in c.stages:
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "new"
         share = f", {r['share']:.0%} of the step change" if r["share"] is not None else ""

@@ -61,8 +61,13 @@ def run_repeats(w: Workload, log: Callable[[str], object] = print) -> list[dict[
             res.update(repeat=i, process_s=time.perf_counter() - t0, import_s=import_s)
             results.append(res)
             value = repeat_sample(w, res["steps"])
+            extra = ""
+            if w.reference:
+                raw = repeat_sample(w, res["steps"], "tok_per_cpu_s")
+                ref_ms = median([s["ref_s"] for s in res["steps"]]) * 1e3
+                extra = f" = {raw:,.0f} tok/cpu-s x reference {ref_ms:.2f} ms"
             log(
-                f"  repeat {i + 1}/{w.repeats}: {value:,.0f} {unit(w)} "
+                f"  repeat {i + 1}/{w.repeats}: {value:,.0f} {w.unit}{extra} "
                 f"(build {res['build_s']:.1f} s, first step {res['first_step_s']:.2f} s, "
                 f"process {res['process_s']:.1f} s)"
             )
@@ -85,10 +90,6 @@ def _preload_time(ctx, out: Path) -> float:
             f"the repeat server failed to import torch/transformers ({proc.exitcode})"
         )
     return float(json.loads(out.read_text()))
-
-
-def unit(w: Workload) -> str:
-    return "tok/cpu-s" if w.metric == "cpu" else "tok/s"
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -114,7 +115,7 @@ def summarize(w: Workload, repeats: list[dict[str, Any]]) -> dict[str, Any]:
     steady = median([s.get(clock, s["step_s"]) for s in steps])
     return {
         "metric": key,
-        "unit": unit(w),
+        "unit": w.unit,
         "samples": [repeat_sample(w, r["steps"]) for r in repeats],
         "sample_quantile": w.sample_quantile,
         "wall_tok_per_s": [median([s["tok_per_s"] for s in r["steps"]]) for r in repeats],
@@ -134,4 +135,15 @@ def summarize(w: Workload, repeats: list[dict[str, Any]]) -> dict[str, Any]:
         "pipeline_efficiency": median([r["pipeline"]["efficiency"] for r in repeats])
         if all("pipeline" in r for r in repeats)
         else None,
+        **(_reference_summary(w, repeats) if w.reference else {}),
+    }
+
+
+def _reference_summary(w: Workload, repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The machine-speed reference's own figures, and the uncorrected samples."""
+    return {
+        # Median reference time per repeat: how fast the host was (lower = faster).
+        "reference_s": [median([s["ref_s"] for s in r["steps"]]) for r in repeats],
+        "uncorrected_metric": "tok_per_cpu_s",
+        "uncorrected_samples": [repeat_sample(w, r["steps"], "tok_per_cpu_s") for r in repeats],
     }

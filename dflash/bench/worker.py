@@ -15,6 +15,9 @@ throughput use the same clock, and other tenants' load does not fill the stages)
 On CUDA the stages are timed with events (no sync between stages, so the host can
 still run ahead within a step) and the step ends with one synchronize, charged to
 `wait`.
+With a machine-speed reference (CPU workloads on shared hosts, see reference.py) each
+steady step is followed, outside its timing, by one reference run on the same clock:
+`ref_s`, and `tok_per_ref` = tokens x ref_s / step time.
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ from typing import Any
 _T0 = time.perf_counter()
 STAGES = ("data", "transfer", "target", "anchors", "drafter_fwd", "drafter_bwd", "optimizer")
 # Variables that change CPU/GPU speed without changing an installed file.
+# MALLOC_* and GLIBC_TUNABLES tune glibc's allocator, PYTHON* the interpreter's
+# (PYTHONMALLOC, PYTHONPATH), both measurable on CPU steps.
 SETTING_PREFIXES = (
     "OMP_", "MKL_", "KMP_", "GOMP_", "ATEN_", "DNNL_", "ONEDNN_", "OPENBLAS_", "CUDA_",
     "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "LD_", "NVIDIA_", "CUBLAS", "CUDNN",
+    "MALLOC_", "GLIBC_TUNABLES", "PYTHON",
 )  # fmt: skip
 
 
@@ -72,7 +78,9 @@ class StageClock:
         return out
 
 
-def run_steps(p, n: int, first_index: int, clock: StageClock) -> list[dict[str, Any]]:
+def run_steps(
+    p, n: int, first_index: int, clock: StageClock, reference=None
+) -> list[dict[str, Any]]:
     import contextlib
 
     import torch
@@ -120,8 +128,13 @@ def run_steps(p, n: int, first_index: int, clock: StageClock) -> list[dict[str, 
             raise RuntimeError(f"benchmark step {i}: loss is not finite")
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         n = host.n_tokens
-        out.append({"step_s": dt, "cpu_s": cpu, "tokens": n, "tok_per_s": n / dt,
-                    "tok_per_cpu_s": n / max(cpu, 1e-9), "stages": stages})  # fmt: skip
+        row = {"step_s": dt, "cpu_s": cpu, "tokens": n, "tok_per_s": n / dt,
+               "tok_per_cpu_s": n / max(cpu, 1e-9), "stages": stages}  # fmt: skip
+        if reference is not None:
+            # Right after the step, so both see the same state of the shared host.
+            row["ref_s"] = reference.run()
+            row["tok_per_ref"] = n * row["ref_s"] / max(cpu, 1e-9)  # CPU metric only
+        out.append(row)
     return out
 
 
@@ -159,7 +172,13 @@ def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     clock = StageClock(p.device, cpu_time=w.metric == "cpu")
     first = run_steps(p, 1, 0, clock)
     warm = run_steps(p, w.warmup_steps - 1, 1, clock) if w.warmup_steps > 1 else []
-    steady = run_steps(p, w.steps, w.warmup_steps, clock)
+    ref = None
+    if w.reference:
+        from dflash.bench.reference import Reference
+
+        ref = Reference()
+        ref.run()  # its own warm-up: first-touch of the destination buffer
+    steady = run_steps(p, w.steps, w.warmup_steps, clock, ref)
     return {
         "pid": os.getpid(),
         "import_s": t_import - _T0,

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash.bench.reference import REFERENCE_VERSION
 from dflash.config import TINY_TARGET
 
 # Qwen3-8B dimensions (its published config.json): throughput depends on shapes, not
@@ -57,6 +58,10 @@ class Workload:
     # for shared CPU hosts where other tenants' load would otherwise be the signal
     # (a single-threaded workload's CPU time does not grow when it is descheduled).
     metric: str = "wall"
+    # CPU metric only: after every steady step run the machine-speed reference
+    # (dflash/bench/reference.py, this version of it; 0 = none) and compare throughput
+    # in units of its time, so the shared host's drifting speed cancels out.
+    reference: int = 0
     # False: target and drafter in one process. True: dflash.dist ranks under torchrun.
     pipeline: bool = False
     # A repeat's sample: this quantile of its steady steps' throughput. 0.5 (median)
@@ -96,9 +101,31 @@ class Workload:
     def with_changes(self, **changes: Any) -> Workload:
         return dataclasses.replace(self, **changes)
 
+    def __post_init__(self) -> None:
+        if self.metric not in ("wall", "cpu"):
+            raise ValueError(f"workload {self.name}: metric must be 'wall' or 'cpu'")
+        if self.reference and (self.metric != "cpu" or self.pipeline):
+            raise ValueError(
+                f"workload {self.name}: reference needs metric 'cpu' in one process "
+                "(it corrects CPU time for a shared host's speed)"
+            )
+        if self.reference not in (0, REFERENCE_VERSION):
+            raise ValueError(
+                f"workload {self.name}: reference version {self.reference} is not this "
+                f"checkout's ({REFERENCE_VERSION}); 0 turns it off"
+            )
+
     @property
     def metric_key(self) -> str:
+        if self.reference:
+            return "tok_per_ref"
         return "tok_per_cpu_s" if self.metric == "cpu" else "tok_per_s"
+
+    @property
+    def unit(self) -> str:
+        if self.reference:
+            return "tok/ref"  # tokens per run-time of the reference kernel
+        return "tok/cpu-s" if self.metric == "cpu" else "tok/s"
 
     @classmethod
     def from_definition(cls, d: dict[str, Any]) -> Workload:
@@ -118,10 +145,11 @@ _TINY_CPU = Workload(
     max_anchors=32,
     warmup_steps=3,
     steps=30,
-    repeats=5,
+    repeats=10,
     threads=1,
     metric="cpu",
-    sample_quantile=0.9,
+    reference=REFERENCE_VERSION,
+    sample_quantile=0.5,
     min_effect=0.07,
     min_doc_len=32,
     max_doc_len=192,
@@ -140,6 +168,7 @@ WORKLOADS: dict[str, Workload] = {
         repeats=3,
         pipeline=True,
         metric="wall",
+        reference=0,
         sample_quantile=0.5,
         min_effect=0.10,  # wall-clock on shared cores: for local use, not a CI gate
         notes="tiny-cpu's shapes as a 1-target + 1-drafter torchrun pipeline",
