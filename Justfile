@@ -84,6 +84,6 @@ bench-report *ARGS: setup
 bench-micro *ARGS: setup
     {{run}} pytest tests/bench_micro -o python_files='bench_*.py' -p no:cacheprovider --benchmark-autosave --benchmark-storage="file://${DFLASH_BENCH_STORE:-$HOME/.cache/dflash/bench}/micro" --benchmark-compare {{ARGS}}
 
-# Measure the harness's false-alarm and detection rates on this machine (about 30-60 min)
+# Measure the harness's false-alarm and detection rates on this machine (41 bench runs, about 25-30 min)
 bench-quality *ARGS: setup
     {{run}} python bench/stat_quality.py {{ARGS}}

@@ -20,6 +20,8 @@ for the whole measurement (other tenants' jobs on a shared machine).
 
   .venv/bin/python bench/stat_quality.py [--same 20] [--slow 10] [--slow-env V=X ...]
   .venv/bin/python bench/stat_quality.py --analyze STORE   (recompute from N*/S*.json)
+  ... --analyze STORE --power P   (corrected samples recomputed from the stored steps
+                                   with correction power P, as that workload would)
 `thresholds` repeats the chain counts for other minimum effects on the same runs
 (what a different --min-effect would have done).
 """
@@ -85,12 +87,16 @@ def main() -> int:
     ap.add_argument("--store", help="scratch store (default: a new temporary directory)")
     ap.add_argument("--out", default="stat_quality.json")
     ap.add_argument("--analyze", metavar="STORE", help="only recompute from a finished run")
+    ap.add_argument("--power", type=float, help="with --analyze: recompute with this power")
     args = ap.parse_args()
     changes = [c.partition("=")[::2] for c in (args.slow_env or DEFAULT_SLOW)]
     if args.analyze:
         store = args.analyze
         n = _load(store, "N", 0)
         s = {var: _load(store, f"S{k + 1}_", 1) for k, (var, _) in enumerate(changes)}
+        if args.power is not None:
+            n = [repowered(r, args.power) for r in n]
+            s = {var: [repowered(r, args.power) for r in recs] for var, recs in s.items()}
     else:
         store = args.store or tempfile.mkdtemp(prefix="dflash-statq-")
         print(f"store {store}; changes {changes}; {args.load} busy processes", flush=True)
@@ -119,6 +125,23 @@ def _load(store: str, prefix: str, first: int) -> list[dict]:
         recs.append(json.loads((Path(store) / f"{prefix}{i}.json").read_text()))
         i += 1
     return recs
+
+
+def repowered(rec: dict, power: float) -> dict:
+    """The record with its corrected samples recomputed from its steps at `power`."""
+    from dflash.bench.reference import corrected
+    from dflash.bench.runner import quantile
+
+    out = copy.deepcopy(rec)
+    w = out["workload"]["definition"]
+    samples = []
+    for rp in out["repeats"]:
+        for st in rp["steps"]:
+            st["tok_per_ref"] = corrected(st["tok_per_cpu_s"], st["ref_s"], power)
+        samples.append(quantile([st["tok_per_ref"] for st in rp["steps"]], w["sample_quantile"]))
+    out["summary"]["samples"] = samples
+    out["summary"]["median"] = median(samples)
+    return out
 
 
 def uncorrected(rec: dict) -> dict:

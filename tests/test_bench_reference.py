@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tracemalloc
 
-from dflash.bench.reference import _COPY_BYTES, Reference
+from dflash.bench.reference import _COPY_BYTES, REF_NOMINAL_S, Reference, corrected
 
 
 def test_the_same_work_every_run():
@@ -55,3 +55,10 @@ print(len(lines))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) <= 6, out.stdout
+
+
+def test_correction_scales_to_the_nominal_host():
+    assert corrected(1000.0, REF_NOMINAL_S, 2.0) == 1000.0
+    # A host on which the reference takes 10% longer is slower: the raw figure is
+    # scaled up, by 1.1 squared with power 2.
+    assert abs(corrected(1000.0, REF_NOMINAL_S * 1.1, 2.0) - 1210.0) < 1e-9

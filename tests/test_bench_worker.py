@@ -48,12 +48,15 @@ def test_summary_uses_one_sample_per_repeat(micro, tmp_path):
 
 
 def test_reference_runs_after_every_steady_step_on_the_cpu_clock(micro, tmp_path):
+    from dflash.bench.reference import REF_NOMINAL_S
     from dflash.bench.worker import run_repeat
 
+    assert micro.reference_power == 2.0
     res = run_repeat(micro.definition(), str(tmp_path))
     for step in res["steps"]:
         assert step["ref_s"] > 0
-        assert step["tok_per_ref"] == pytest.approx(step["tokens"] * step["ref_s"] / step["cpu_s"])
+        scale = (step["ref_s"] / REF_NOMINAL_S) ** micro.reference_power
+        assert step["tok_per_ref"] == pytest.approx(step["tok_per_cpu_s"] * scale)
         # Outside the step's own timing: the stages still add up to the step.
         assert sum(step["stages"].values()) <= step["step_s"] * 1.05
     assert all("ref_s" not in s for s in res["warmup"])
@@ -63,7 +66,10 @@ def test_reference_runs_after_every_steady_step_on_the_cpu_clock(micro, tmp_path
 
 def test_reference_is_part_of_the_workload_and_validated():
     w = get_workload("tiny-cpu")
-    assert w.reference and w.metric_key == "tok_per_ref" and w.unit == "tok/ref"
+    assert w.reference and w.metric_key == "tok_per_ref" and w.unit == "tok/cpu-s@ref"
+    assert w.with_changes(reference_power=1.0).hash() != w.hash()
+    with pytest.raises(ValueError, match="reference_power must be > 0"):
+        w.with_changes(reference_power=0.0)
     assert w.with_changes(reference=0).hash() != w.hash()
     assert w.with_changes(reference=0).metric_key == "tok_per_cpu_s"
     with pytest.raises(ValueError, match="reference needs metric 'cpu'"):
@@ -105,3 +111,14 @@ def test_unsupported_topology_is_an_error_not_a_silent_single_process(tmp_path):
     w = get_workload("tiny-cpu").with_changes(targets=2)
     with pytest.raises(NotImplementedError, match="2T\\+1D/colocated"):
         run_repeat(w.definition(), str(tmp_path))
+
+
+def test_speed_variables_are_the_doctors_list():
+    from dflash.bench.worker import SETTING_PREFIXES, relevant_variables
+    from dflash.envcheck.probe import VAR_PREFIXES
+
+    assert SETTING_PREFIXES is VAR_PREFIXES  # one list for the doctor and the bench
+    speed = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "MALLOC_PERTURB_": "165", "PYTHONMALLOC": "debug", "OMP_NUM_THREADS": "4"}  # fmt: skip
+    other = {"PYTHONUNBUFFERED": "1", "HOME": "/root", "PATH": "/usr/bin"}
+    assert relevant_variables({**speed, **other}) == dict(sorted(speed.items()))

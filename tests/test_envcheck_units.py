@@ -65,8 +65,12 @@ def test_fingerprint_is_path_independent_and_sensitive():
     assert fingerprint(components_from_probe(moved)) == fp
     per_rank = {**base, "variables": {"CUDA_VISIBLE_DEVICES": "3", "TORCHINDUCTOR_CACHE_DIR": "/x"}}
     assert fingerprint(components_from_probe(per_rank)) == fp
+    # What a GPU container runtime sets per container is not the environment either.
+    in_container = {**base, "variables": {"NVIDIA_VISIBLE_DEVICES": "all"}}
+    assert fingerprint(components_from_probe(in_container)) == fp
     for variant in (
         {**base, "variables": {"LD_LIBRARY_PATH": "/opt/cuda"}},
+        {**base, "variables": {"ATEN_CPU_CAPABILITY": "avx2"}},
         static([dist("torch", "2.10.0", libs=["torch/lib/libc10.so"]), dist("six", "1.17.0")]),
         static([dist("torch", "2.10.0", libs=["torch/lib/libc10.so"])], torch_cuda="13.0"),
     ):

@@ -17,7 +17,7 @@ still run ahead within a step) and the step ends with one synchronize, charged t
 `wait`.
 With a machine-speed reference (CPU workloads on shared hosts, see reference.py) each
 steady step is followed, outside its timing, by one reference run on the same clock:
-`ref_s`, and `tok_per_ref` = tokens x ref_s / step time.
+`ref_s`, and `tok_per_ref`, the step's tok/cpu-s corrected by it (reference.corrected).
 """
 
 from __future__ import annotations
@@ -29,16 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Variables that change CPU/GPU speed without changing an installed file: the
+# doctor's list (one source of truth), read here as the steps saw them.
+from dflash.bench.reference import corrected
+from dflash.envcheck.probe import VAR_PREFIXES as SETTING_PREFIXES
+
 _T0 = time.perf_counter()
 STAGES = ("data", "transfer", "target", "anchors", "drafter_fwd", "drafter_bwd", "optimizer")
-# Variables that change CPU/GPU speed without changing an installed file.
-# MALLOC_* and GLIBC_TUNABLES tune glibc's allocator, PYTHON* the interpreter's
-# (PYTHONMALLOC, PYTHONPATH), both measurable on CPU steps.
-SETTING_PREFIXES = (
-    "OMP_", "MKL_", "KMP_", "GOMP_", "ATEN_", "DNNL_", "ONEDNN_", "OPENBLAS_", "CUDA_",
-    "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "LD_", "NVIDIA_", "CUBLAS", "CUDNN",
-    "MALLOC_", "GLIBC_TUNABLES", "PYTHON",
-)  # fmt: skip
 
 
 def relevant_variables(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -79,7 +76,7 @@ class StageClock:
 
 
 def run_steps(
-    p, n: int, first_index: int, clock: StageClock, reference=None
+    p, n: int, first_index: int, clock: StageClock, reference=None, power: float = 1.0
 ) -> list[dict[str, Any]]:
     import contextlib
 
@@ -133,7 +130,7 @@ def run_steps(
         if reference is not None:
             # Right after the step, so both see the same state of the shared host.
             row["ref_s"] = reference.run()
-            row["tok_per_ref"] = n * row["ref_s"] / max(cpu, 1e-9)  # CPU metric only
+            row["tok_per_ref"] = corrected(row["tok_per_cpu_s"], row["ref_s"], power)
         out.append(row)
     return out
 
@@ -178,7 +175,7 @@ def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
 
         ref = Reference()
         ref.run()  # its own warm-up: first-touch of the destination buffer
-    steady = run_steps(p, w.steps, w.warmup_steps, clock, ref)
+    steady = run_steps(p, w.steps, w.warmup_steps, clock, ref, w.reference_power)
     return {
         "pid": os.getpid(),
         "import_s": t_import - _T0,

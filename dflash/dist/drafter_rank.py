@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dflash import checkpoint as ckpt
 from dflash.components import build_drafter, load_target, load_tokenizer, resolve_attn
 from dflash.config import TrainConfig
-from dflash.dist.p2p import HEADER, Receiver, unpack_meta, wait
+from dflash.dist.p2p import HEADER, Receiver, post, unpack_meta, wait
 from dflash.dist.roles import Layout
 from dflash.dist.target_rank import control_lag, control_steps
 from dflash.dist.telemetry import COUNTERS, Clock, summarize
@@ -200,7 +200,9 @@ def run_drafter(
                 msg = torch.tensor([int(stop)], dtype=torch.int64)  # host: see target_rank
                 for tt in range(layout.targets):
                     peer = layout.target_rank(tt)
-                    ctrl_works.append((dist.isend(msg, peer, group=ctrl_group), peer, msg))
+                    what = f"control to {layout.name(peer)}"
+                    work = post(dist.isend, msg, peer, what, ctrl_group)
+                    ctrl_works.append((work, peer, msg))
         if lead and (stop or (cfg.save_every and step % cfg.save_every == 0)):
             save(step)
             saved_at = step

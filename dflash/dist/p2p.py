@@ -52,6 +52,15 @@ def wait(work, timeout: float, what: str, group=None) -> None:
         raise PeerError(f"{what} failed: {type(e).__name__}: {e}") from e
 
 
+def post(op, tensor: Tensor, peer: int, what: str, group=None):
+    """Start an isend/irecv. Posting can fail too (gloo reports a peer's reset connection
+    on the next op of the pair): the error then names the peer like a failed wait."""
+    try:
+        return op(tensor, peer, group=group)
+    except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError/DistBackendError
+        raise PeerError(f"{what} failed: {type(e).__name__}: {e}") from e
+
+
 def pack_meta(batch: PackedBatch, g: int, counters: list[int], pin: bool) -> Tensor:
     """Host int64 meta tensor of one batch (pinned when it will be copied to a GPU)."""
     header = torch.tensor([g, batch.n_tokens, batch.n_docs, *counters], dtype=torch.int64)
@@ -100,7 +109,8 @@ class Sender:
             while len(self.links[d]) >= self.depth:
                 self._retire(d, block=True)
         peer = self.layout.drafter_rank(d)
-        works = [dist.isend(meta, peer), dist.isend(feats, peer)]
+        what = f"sending batch {g} to {self.layout.name(peer)}"
+        works = [post(dist.isend, meta, peer, what), post(dist.isend, feats, peer, what)]
         self.links[d].append((works, g, (meta, feats)))  # keep buffers alive until sent
 
     def flush(self) -> None:
@@ -149,7 +159,8 @@ class Receiver:
             g, t = nxt
             meta, feats = self.free.pop()
             src = self.layout.target_rank(t)
-            works = [dist.irecv(meta, src), dist.irecv(feats, src)]
+            what = f"receiving batch {g} from {self.layout.name(src)}"
+            works = [post(dist.irecv, meta, src, what), post(dist.irecv, feats, src, what)]
             self.posted.append((g, t, works, meta, feats))
 
     def get(self) -> tuple[int, int, Tensor, Tensor] | None:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from dflash.components import load_target, load_tokenizer, make_stream, resolve_attn
 from dflash.config import TrainConfig
-from dflash.dist.p2p import Sender, pack_meta, unpack_meta, wait
+from dflash.dist.p2p import Sender, pack_meta, post, unpack_meta, wait
 from dflash.dist.roles import Layout
 from dflash.dist.telemetry import Clock
 
@@ -86,7 +86,7 @@ def run_target(
     def read_control() -> bool:
         s = pending.popleft()
         with clock("wait_send"):  # waiting for drafters to catch up is waiting on them
-            work = dist.irecv(ctrl, lead, group=ctrl_group)
+            work = post(dist.irecv, ctrl, lead, f"control of step {s} from rank {lead}", ctrl_group)
             wait(work, cfg.dist_timeout, f"control of step {s} from rank {lead}", ctrl_group)
         return bool(ctrl.item())
 

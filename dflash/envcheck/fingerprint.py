@@ -35,7 +35,8 @@ INSTALLATION = ("interpreter", "distributions", "libraries", "torch")
 # do not change the installed software or generated code. The compile-cache
 # paths are derived FROM the fingerprint, so they cannot be part of it.
 _EXCLUDED_VARS = re.compile(
-    r"^(TORCHINDUCTOR_CACHE_DIR|TRITON_CACHE_DIR|CUDA_VISIBLE_DEVICES|OMP_NUM_THREADS"
+    r"^(TORCHINDUCTOR_CACHE_DIR|TRITON_CACHE_DIR|CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES"
+    r"|NVIDIA_DRIVER_CAPABILITIES|OMP_NUM_THREADS"
     r"|MKL_NUM_THREADS|TORCHELASTIC_\w+|TORCH_LOGS|TORCH_TRACE|NCCL_DEBUG\w*"
     r"|TORCH_SHOW_CPP_STACKTRACES)$"
 )

@@ -23,8 +23,14 @@ import sys
 import sysconfig
 from typing import Any
 
-# Environment variables worth reporting (and, filtered, fingerprinting).
-VAR_PREFIXES = ("OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "LD_")
+# Environment variables worth reporting (and, filtered, fingerprinting): they change
+# speed without changing an installed file. The one list: the bench's settings diff
+# uses it too. MALLOC_*/GLIBC_TUNABLES tune glibc's allocator, PYTHONMALLOC CPython's.
+VAR_PREFIXES = (
+    "OMP_", "MKL_", "KMP_", "GOMP_", "ATEN_", "DNNL_", "ONEDNN_", "OPENBLAS_", "CUDA_",
+    "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "LD_", "NVIDIA_", "CUBLAS", "CUDNN",
+    "MALLOC_", "GLIBC_TUNABLES", "PYTHONMALLOC",
+)  # fmt: skip
 # Sampled hashing of native libraries: the size plus the first and last 256 KiB.
 # Full hashing costs ~10 s for the 5 GB of CUDA libraries a torch venv holds;
 # the samples hold the ELF header, the linker's build-id note (itself a hash of
