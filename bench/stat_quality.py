@@ -89,6 +89,8 @@ def main() -> int:
     ap.add_argument("--analyze", metavar="STORE", help="only recompute from a finished run")
     ap.add_argument("--power", type=float, help="with --analyze: recompute with this power")
     args = ap.parse_args()
+    if args.power is not None and not args.analyze:
+        ap.error("--power recomputes a finished run: use it with --analyze STORE")
     changes = [c.partition("=")[::2] for c in (args.slow_env or DEFAULT_SLOW)]
     if args.analyze:
         store = args.analyze
@@ -130,15 +132,16 @@ def _load(store: str, prefix: str, first: int) -> list[dict]:
 def repowered(rec: dict, power: float) -> dict:
     """The record with its corrected samples recomputed from its steps at `power`."""
     from dflash.bench.reference import corrected
-    from dflash.bench.runner import quantile
+    from dflash.bench.runner import repeat_sample
+    from dflash.bench.workloads import Workload
 
     out = copy.deepcopy(rec)
-    w = out["workload"]["definition"]
+    w = Workload.from_definition(out["workload"]["definition"])
     samples = []
     for rp in out["repeats"]:
         for st in rp["steps"]:
             st["tok_per_ref"] = corrected(st["tok_per_cpu_s"], st["ref_s"], power)
-        samples.append(quantile([st["tok_per_ref"] for st in rp["steps"]], w["sample_quantile"]))
+        samples.append(repeat_sample(w, rp["steps"]))
     out["summary"]["samples"] = samples
     out["summary"]["median"] = median(samples)
     return out

@@ -21,8 +21,9 @@ very regressions it is there to expose. So it is C code only, no torch, no numpy
 Python-level loop (an interpreter-wide hook such as a tracer or PYTHONMALLOC=debug
 must not slow it), and no large allocation (MALLOC_PERTURB_ or a debug allocator would
 slow it): a 32 MiB copy between preallocated buffers (libc memcpy), zlib compression
-(integer, branchy) and a list sort (pointer chasing, compares), each a few ms. What it still depends on,
-the C library, zlib and the interpreter binary, is in the record's manifest, and its
+(integer, branchy) and a list sort (pointer chasing, compares), each a few ms. What
+it still depends on, the C library, zlib and the interpreter binary, is in the
+record's manifest, and its
 own time is reported next to the ratio ("machine speed"), so a moved reference is
 visible rather than silently folded in.
 """

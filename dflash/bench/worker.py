@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dflash.bench.reference import Reference, corrected
+
 # Variables that change CPU/GPU speed without changing an installed file: the
 # doctor's list (one source of truth), read here as the steps saw them.
-from dflash.bench.reference import corrected
 from dflash.envcheck.probe import VAR_PREFIXES as SETTING_PREFIXES
 
 _T0 = time.perf_counter()
@@ -171,8 +172,6 @@ def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     warm = run_steps(p, w.warmup_steps - 1, 1, clock) if w.warmup_steps > 1 else []
     ref = None
     if w.reference:
-        from dflash.bench.reference import Reference
-
         ref = Reference()
         ref.run()  # its own warm-up: first-touch of the destination buffer
     steady = run_steps(p, w.steps, w.warmup_steps, clock, ref, w.reference_power)

@@ -60,7 +60,7 @@ class Workload:
     metric: str = "wall"
     # CPU metric only: after every steady step run the machine-speed reference
     # (dflash/bench/reference.py, this version of it; 0 = none) and compare throughput
-    # in units of its time, so the shared host's drifting speed cancels out.
+    # corrected by its time, so the shared host's drifting speed cancels out.
     reference: int = 0
     # Exponent of the correction (see reference.py): measured, per workload and host kind.
     reference_power: float = 1.0

@@ -86,8 +86,8 @@ def run_target(
     def read_control() -> bool:
         s = pending.popleft()
         with clock("wait_send"):  # waiting for drafters to catch up is waiting on them
-            work = post(dist.irecv, ctrl, lead, f"control of step {s} from rank {lead}", ctrl_group)
-            wait(work, cfg.dist_timeout, f"control of step {s} from rank {lead}", ctrl_group)
+            what = f"control of step {s} from rank {lead}"
+            wait(post(dist.irecv, ctrl, lead, what, ctrl_group), cfg.dist_timeout, what, ctrl_group)
         return bool(ctrl.item())
 
     stopped_at = None
