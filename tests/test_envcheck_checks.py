@@ -70,7 +70,7 @@ def test_lock_drift_codes(lock_path):
         dist("pip", "25.0"),
         dist("nvidia-cudnn-cu13", "9.26.0.51"),  # locked for the other extra only
         dist("sglang", "0.5.0"),  # not in the lock at all
-        dist("dflash", "0.0.1"),  # the project itself: always fine
+        dist("dflash-trainer", "0.0.1"),  # the project itself: always fine
     ]
     findings = check_lock(context(static(dists), lock_path))
     got = {(f.code, f.details.get("package")): f.severity for f in findings}
@@ -81,7 +81,7 @@ def test_lock_drift_codes(lock_path):
     assert got[("UNLOCKED_PACKAGE", "sglang")] == "error"
     cu13 = by_code(findings, "UNLOCKED_PACKAGE")
     assert [f.details["locked_for_extras"] for f in cu13 if "cu13" in f.message] == [["cu130"]]
-    assert not [f for f in findings if f.details.get("package") == "dflash"]
+    assert not [f for f in findings if f.details.get("package") == "dflash-trainer"]
     fix = by_code(findings, "VERSION_MISMATCH")[0].fix
     assert "uv sync --frozen --extra cu128" in fix and "rm -rf /env" in fix
 

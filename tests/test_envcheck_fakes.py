@@ -13,7 +13,7 @@ from dflash.envcheck.doctor import prepare
 SYNTHETIC = """
 version = 1
 [[package]]
-name = "dflash"
+name = "dflash-trainer"
 version = "0.1.0"
 source = { editable = "." }
 dependencies = [{ name = "numpy" }, { name = "colorama", marker = "sys_platform == 'win32'" }]
@@ -42,7 +42,7 @@ name = "torch"
 version = "2.15.0"
 resolution-markers = ["sys_platform == 'linux'"]
 dependencies = [
-  { name = "cuda-toolkit", extra = ["cublas"], marker = "(sys_platform == 'linux' or extra == 'extra-6-dflash-cu128') and extra == 'extra-6-dflash-cu130'" },
+  { name = "cuda-toolkit", extra = ["cublas"], marker = "(sys_platform == 'linux' or extra == 'extra-14-dflash-trainer-cu128') and extra == 'extra-14-dflash-trainer-cu130'" },
   { name = "nvidia-cudnn-cu13", marker = "sys_platform == 'linux'" },
 ]
 

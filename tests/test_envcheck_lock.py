@@ -58,10 +58,10 @@ def test_platform_markers_are_evaluated_for_the_interpreter(lock):
 
 
 def test_marker_matches_uses_uv_extra_encoding():
-    conflict = "(sys_platform == 'linux' or extra == 'extra-6-dflash-cu128') and extra == 'extra-6-dflash-cu130'"
-    assert encoded_extra("dflash", "cu130") == "extra-6-dflash-cu130"
-    assert marker_matches(conflict, LINUX, {"cu130", encoded_extra("dflash", "cu130")})
-    assert not marker_matches(conflict, LINUX, {"cu128", encoded_extra("dflash", "cu128")})
+    conflict = "(sys_platform == 'linux' or extra == 'extra-14-dflash-trainer-cu128') and extra == 'extra-14-dflash-trainer-cu130'"
+    assert encoded_extra("dflash-trainer", "cu130") == "extra-14-dflash-trainer-cu130"
+    assert marker_matches(conflict, LINUX, {"cu130", encoded_extra("dflash-trainer", "cu130")})
+    assert not marker_matches(conflict, LINUX, {"cu128", encoded_extra("dflash-trainer", "cu128")})
     assert not marker_matches(conflict, LINUX, set())
     assert marker_matches(None, LINUX, set())
     with pytest.raises(LockError):
@@ -80,7 +80,7 @@ def test_unknown_extra_and_broken_locks_are_errors(lock):
         resolve(lock, "rocm", LINUX)
     with pytest.raises(LockError, match="not valid TOML"):
         parse_lock("[[package]\n")
-    with pytest.raises(LockError, match="expected one `dflash`"):
+    with pytest.raises(LockError, match="expected one `dflash-trainer`"):
         parse_lock('[[package]]\nname = "numpy"\nversion = "1"\n')
     with pytest.raises(LockError, match="no \\[\\[package\\]\\] entry"):
         resolve(
@@ -114,7 +114,7 @@ def test_walk_matches_uv_export_of_the_real_lock(extra):
         if marker_matches(m.group(3), LINUX, set()):
             exported[m.group(1).lower()] = m.group(2)
     res = resolve(load_lock(ROOT / "uv.lock"), extra, LINUX)
-    walked = {n: p.version for n, p in res.required.items() if n != "dflash"}
+    walked = {n: p.version for n, p in res.required.items() if n != "dflash-trainer"}
     assert walked == exported
 
 
@@ -126,7 +126,7 @@ def _project(tmp_path: Path, name: str) -> Path:
 
 
 def test_find_lock_search_order(tmp_path):
-    proj = _project(tmp_path / "proj", "dflash")
+    proj = _project(tmp_path / "proj", "dflash-trainer")
     sub = proj / "a" / "b"
     sub.mkdir(parents=True)
     prefix = tmp_path / "venv"

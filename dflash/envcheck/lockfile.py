@@ -3,7 +3,7 @@
 uv writes one lock for all extras. With `[tool.uv] conflicts`, packages needed
 by only one of two conflicting extras appear once per extra (two `torch`
 entries distinguished by version) and their markers mention the extras in uv's
-encoding, `extra == 'extra-6-dflash-cu128'` (length-prefixed package name).
+encoding, `extra == 'extra-14-dflash-trainer-cu128'` (length-prefixed package name).
 Walking the graph from the root with the markers evaluated for this interpreter
 and the active extra yields exactly the set `uv sync --extra X` installs.
 """
@@ -22,7 +22,7 @@ from packaging.markers import InvalidMarker, Marker
 
 from .paths import DFLASH_LOCK_ENV, baked_lock_path
 
-ROOT_NAME = "dflash"
+ROOT_NAME = "dflash-trainer"
 
 
 class LockError(ValueError):
