@@ -1,7 +1,8 @@
 """Run directories and checkpoints: atomic writes, keep-last-K, exact resume.
 
 A checkpoint is a directory `checkpoints/step_XXXXXXXX/` holding `state.pt` (model,
-optimizer, scheduler, RNG, data position, step). It is written under a temporary name
+optimizer, scheduler, RNG, data position, step) and the drafter's `config.json` in the
+export format (dflash.export), which `--resume` checks against the drafter it rebuilds. It is written under a temporary name
 and renamed into place, so a crash mid-write never leaves a half checkpoint that
 `latest_checkpoint` would pick.
 """
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from dflash import export
 
 RUN_FILE = "run.json"
 CKPT_DIR = "checkpoints"
@@ -102,7 +105,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, state: dict[str, Any], keep_last: int, drafter_config=None
+) -> Path:
     root = run_dir / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:08d}"
@@ -113,6 +118,8 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep_last: 
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
+    if drafter_config is not None:
+        export.write_config(drafter_config, tmp)
     if final.exists():  # re-saving the same step (e.g. signal right after a save)
         shutil.rmtree(final)
     os.rename(tmp, final)
@@ -122,9 +129,26 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep_last: 
     return final
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, drafter_config=None) -> dict[str, Any]:
+    """The checkpoint's state; with `drafter_config` (the drafter rebuilt for --resume),
+    refuse when the checkpoint's config.json describes another drafter."""
+    if drafter_config is not None and (path / export.CONFIG_NAME).exists():
+        check_same_drafter(export.load_config(path), drafter_config, path)
     # Our own file: it holds RNG states and optimizer state, not only tensors.
     return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+
+
+def check_same_drafter(stored, rebuilt, where: Path) -> None:
+    a, b = export.export_dict(stored), export.export_dict(rebuilt)
+    a.pop("transformers_version", None)
+    b.pop("transformers_version", None)
+    diffs = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+    if diffs:
+        k = diffs[0]
+        raise RunDirError(
+            f"--resume: {where}/{export.CONFIG_NAME} {k} is {a.get(k)!r} but this run builds "
+            f"{b.get(k)!r}: resume with the target and settings the run started with"
+        )
 
 
 def export_drafter(model, run_dir: Path) -> Path:

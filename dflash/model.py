@@ -22,6 +22,8 @@ from transformers.models.qwen3.modeling_qwen3 import (
     rotate_half,
 )
 
+from dflash.export import config_from_dict, load_config, write_config
+
 ARCHITECTURE = "DFlashDraftModel"
 
 
@@ -32,24 +34,41 @@ def make_draft_config(
     block_size: int,
     mask_token_id: int,
     target_layer_ids: list[int],
+    layer_types: list[str] | None = None,
+    sliding_window: int | None = None,
 ) -> Qwen3Config:
-    """Drafter config in the loader format: the target's dimensions, drafter depth,
-    plus block_size, num_target_layers and dflash_config."""
+    """Drafter config in the loader format: the target's dimensions and RoPE, drafter depth,
+    plus block_size, num_target_layers and dflash_config (see dflash.export).
+
+    `layer_types` defaults to full attention everywhere; sliding_attention layers (with
+    `sliding_window`) must follow the full ones."""
     fields = target_config.to_dict()
     for drop in ("architectures", "model_type", "transformers_version", "_name_or_path"):
         fields.pop(drop, None)
+    # The target's legacy layer statement describes the target, not the drafter.
+    for drop in ("max_window_layers", "use_sliding_window"):
+        fields.pop(drop, None)
     fields.update(
         num_hidden_layers=num_layers,
-        layer_types=None,  # recomputed by Qwen3Config for the new depth
-        max_window_layers=num_layers,
+        layer_types=list(layer_types) if layer_types else ["full_attention"] * num_layers,
+        sliding_window=sliding_window,
         block_size=block_size,
         num_target_layers=target_config.num_hidden_layers,
-        dflash_config={"mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids)},
+        dflash_config={
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": list(target_layer_ids),
+            "block_size": block_size,
+        },
         architectures=[ARCHITECTURE],
         tie_word_embeddings=False,
         use_cache=False,
     )
-    return Qwen3Config(**fields)
+    if sliding_window is not None:
+        fields["use_sliding_window"] = True
+        fields["dflash_config"]["causal_in_block"] = [
+            t == "sliding_attention" for t in fields["layer_types"]
+        ]
+    return config_from_dict(fields, "make_draft_config")
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -145,6 +164,22 @@ class DFlashDraftModel(PreTrainedModel):
         self.norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, config=None, **kwargs):
+        """Load with the config normalised by dflash.export (either transformers
+        generation, or another trainer's export); a conflicting config is refused."""
+        if config is None:
+            config = load_config(pretrained_model_name_or_path)
+        return super().from_pretrained(
+            pretrained_model_name_or_path, *args, config=config, **kwargs
+        )
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save, then config.json in the export format (legacy keys too)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            write_config(self.config, save_directory)
 
     @property
     def mask_token_id(self) -> int:

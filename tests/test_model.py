@@ -62,7 +62,12 @@ def test_checkpoint_format(tmp_path, tiny_qwen3_config):
     assert conf["hidden_size"] == tiny_qwen3_config.hidden_size
     assert conf["block_size"] == 8
     assert conf["num_target_layers"] == 8
-    assert conf["dflash_config"] == {"mask_token_id": 120, "target_layer_ids": [1, 5]}
+    assert conf["dflash_config"] == {
+        "mask_token_id": 120,
+        "target_layer_ids": [1, 5],
+        "block_size": 8,
+        "causal_in_block": [False, False],
+    }
     loaded = DFlashDraftModel.from_pretrained(tmp_path)
     for (k, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a, b), k

@@ -73,7 +73,7 @@ def run_drafter(
     opt, sched = build_optimizer(cfg, drafter.parameters())
     gen = torch.Generator(device=device)  # reseeded per batch from (seed, g)
     if last is not None:  # every drafter reads it: RUN must be on a shared filesystem
-        state = ckpt.load_checkpoint(last)
+        state = ckpt.load_checkpoint(last, drafter.config)
         drafter.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -110,7 +110,7 @@ def run_drafter(
             "rng": rng_state(gen),
             "step": at,
         }
-        ckpt.save_checkpoint(run_dir, at, state, cfg.keep_last)
+        ckpt.save_checkpoint(run_dir, at, state, cfg.keep_last, drafter.config)
 
     end = [cfg.max_steps]  # exclusive; lowered on a stop to drain what targets sent
 
