@@ -63,7 +63,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, env_record=None) -
     step = 0
     last = ckpt.latest_checkpoint(run_dir) if cfg.resume else None
     if last is not None:
-        state = ckpt.load_checkpoint(last)
+        state = ckpt.load_checkpoint(last, drafter.config)
         drafter.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -95,7 +95,7 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None, env_record=None) -
             "rng": rng_state(gen),
             "step": at,
         }
-        return ckpt.save_checkpoint(run_dir, at, state, cfg.keep_last)
+        return ckpt.save_checkpoint(run_dir, at, state, cfg.keep_last, drafter.config)
 
     acc = Accumulator(cfg.block_size, device)
     timer = StepTimer()
