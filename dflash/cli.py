@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("dflash.train_cli", "train a DFlash drafter"),
     "doctor": ("dflash.envcheck.doctor_cli", "audit this Python environment against uv.lock"),
     "env": ("dflash.envcheck.env_cli", "environment fingerprint and manifest"),
+    "image": ("dflash.envcheck.image_diff", "diff two images' environments, never starting them"),
     "eval": ("dflash.eval_cli", "speculative decoding with a drafter: tau, speedup, lossless"),
     "regen": ("dflash.regen_cli", "regenerate responses with the target (local or OpenAI server)"),
     "bench": ("dflash.bench.cli", "throughput benchmark against a stored baseline"),

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash.envcheck import diff_manifests
-from dflash.envcheck.fingerprint import summarize_diff
+from dflash.envcheck.manifest_diff import diff_manifests, summarize_diff
 
 
 def _map_diff(name: str, a: dict[str, Any], b: dict[str, Any]) -> list[str]:

@@ -24,6 +24,7 @@ from .findings import Finding, FixContext, has_errors, sort_findings
 from .fingerprint import build_manifest, components_from_probe, fingerprint
 from .lockfile import Lock, LockError, detect_extra, find_lock, load_lock, resolve
 from .paths import default_compile_cache_root, manifest_path
+from .site_files import manifest_extras
 
 CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (
     check_manifest,
@@ -223,4 +224,5 @@ def environment_manifest(
     ctx = prepare(probe, lock, extra)
     manifest = build_manifest(static, ctx.extra)
     manifest["lock"] = str(ctx.lock.path) if ctx.lock else None
+    manifest.update(manifest_extras(static))  # sonames, owners, unrecorded files (image diff)
     return manifest

@@ -2,7 +2,7 @@
 
   dflash env fingerprint [--python PATH] [--components]
   dflash env manifest [--python PATH] [--out FILE|-] [--lock PATH] [--extra NAME]
-  dflash env diff A.json B.json [--json]
+  dflash env diff A B [--json]        (manifests, bench records or venvs)
 
 `manifest` writes `<sys.prefix>/share/dflash/manifest.json` of the audited
 environment by default: the image build runs it after `uv sync`, and the
@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from .image_diff import add_diff_arguments, run_diff
 from .paths import manifest_path
 
 
@@ -33,16 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     man.add_argument("--lock", metavar="PATH", help="uv.lock (to record the extra)")
     man.add_argument("--extra", help="extra the env was synced with (default: detected)")
-    diff = sub.add_parser("diff", help="what changed between two manifests or run records")
-    diff.add_argument("a", type=Path)
-    diff.add_argument("b", type=Path)
-    diff.add_argument("--json", action="store_true", help="print the diff as JSON")
-
-
-def _load(path: Path) -> dict:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    # A run record may embed the manifest under "environment".
-    return data.get("environment", data) if isinstance(data, dict) else {}
+    diff = sub.add_parser("diff", help="what changed between two manifests, records or venvs")
+    add_diff_arguments(diff, images=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,13 +80,5 @@ def _manifest(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from .fingerprint import diff_manifests, summarize_diff
-
-    diff = diff_manifests(_load(args.a), _load(args.b))
-    if args.json:
-        print(json.dumps(diff, indent=2))
-    elif diff["same"]:
-        print("same fingerprint")
-    else:
-        print("\n".join(summarize_diff(diff, limit=50)) or "fingerprints differ")
-    return 0 if diff["same"] else 1
+    # The same report as `dflash image diff`, for files and venvs (image_diff.py).
+    return run_diff(args, "dflash env diff", images=False)

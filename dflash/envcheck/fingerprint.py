@@ -1,4 +1,4 @@
-"""Environment fingerprint and manifest, and the diff between two manifests.
+"""Environment fingerprint and manifest (the diff between two is manifest_diff.py).
 
 The fingerprint is a sha256 over a canonical JSON of five components:
   interpreter   implementation, version, machine, platform, libc (never paths)
@@ -26,6 +26,9 @@ import re
 import time
 from collections.abc import Mapping
 from typing import Any
+
+# The manifest diff lives in manifest_diff.py; imported here so older imports keep working.
+from .manifest_diff import diff_manifests, summarize_diff  # noqa: F401
 
 SCHEMA = 1
 COMPONENTS = ("interpreter", "distributions", "libraries", "torch", "variables")
@@ -104,60 +107,6 @@ def build_manifest(static: Mapping[str, Any], extra: str | None = None) -> dict[
         "prefix": static["interpreter"]["prefix"],
         **comps,
     }
-
-
-def _diff_maps(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[str, Any]:
-    a, b = a or {}, b or {}
-    return {
-        "added": {k: b[k] for k in sorted(set(b) - set(a))},
-        "removed": {k: a[k] for k in sorted(set(a) - set(b))},
-        "changed": {k: {"from": a[k], "to": b[k]} for k in sorted(set(a) & set(b)) if a[k] != b[k]},
-    }
-
-
-def diff_manifests(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """What changed from manifest `a` to manifest `b` (e.g. two benchmark runs).
-
-    Returns {"same": bool, "fingerprint": {"from", "to"}, "changed_components": [...],
-    and per component: {"added", "removed", "changed"} ("changed" maps a key to
-    {"from", "to"})}. Works on manifests or on run records that embed one.
-    """
-    out: dict[str, Any] = {
-        "same": a.get("fingerprint") == b.get("fingerprint"),
-        "fingerprint": {"from": a.get("fingerprint"), "to": b.get("fingerprint")},
-    }
-    changed = []
-    for name in COMPONENTS:
-        ca, cb = a.get(name), b.get(name)
-        if name == "torch":
-            ca, cb = ca or {}, cb or {}
-        diff = _diff_maps(ca, cb)
-        out[name] = diff
-        if any(diff.values()):
-            changed.append(name)
-    out["changed_components"] = changed
-    return out
-
-
-def summarize_diff(diff: Mapping[str, Any], limit: int = 8) -> list[str]:
-    """Short human lines for a diff_manifests() result."""
-    lines = []
-    for name in diff.get("changed_components", []):
-        part = diff[name]
-        for kind, sign in (("added", "+"), ("removed", "-")):
-            for key, val in list(part[kind].items())[:limit]:
-                shown = val if isinstance(val, str) else ""
-                lines.append(f"{name}: {sign} {key} {shown}".rstrip())
-        for key, change in list(part["changed"].items())[:limit]:
-            fa, fb = change["from"], change["to"]
-            if isinstance(fa, dict) or isinstance(fb, dict):
-                lines.append(f"{name}: ~ {key} (content changed)")
-            else:
-                lines.append(f"{name}: ~ {key} {fa} -> {fb}")
-        total = sum(len(part[k]) for k in ("added", "removed", "changed"))
-        if total > 3 * limit:
-            lines.append(f"{name}: ... {total} differences in all")
-    return lines
 
 
 def environment_fingerprint(python: str | None = None) -> str:
