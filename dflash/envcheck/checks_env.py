@@ -5,25 +5,7 @@ from __future__ import annotations
 from .context import Context
 from .findings import Finding
 from .fingerprint import diff_manifests, digests, summarize_diff
-
-# Variables that cost throughput or hermeticity when set as shown, and why.
-DANGEROUS: dict[str, tuple[str | None, str]] = {
-    "LD_PRELOAD": (None, "forces libraries into every process ahead of the locked wheels"),
-    "CUDA_LAUNCH_BLOCKING": ("1", "makes every kernel launch synchronous (debugging only)"),
-    "CUDA_CACHE_DISABLE": ("1", "disables the driver's JIT cache: PTX is recompiled every run"),
-    "PYTORCH_NO_CUDA_MEMORY_CACHING": (
-        "1",
-        "disables the caching allocator: cudaMalloc per tensor",
-    ),
-    "TORCH_USE_CUDA_DSA": ("1", "device-side assertions slow every kernel"),
-    "TORCHDYNAMO_DISABLE": ("1", "turns torch.compile into eager mode"),
-    "TORCH_COMPILE_DISABLE": ("1", "turns torch.compile into eager mode"),
-    "TORCHINDUCTOR_FORCE_DISABLE_CACHES": ("1", "recompiles every kernel on every run"),
-    "TORCH_NCCL_BLOCKING_WAIT": ("1", "blocks the host on every collective"),
-    "NCCL_P2P_DISABLE": ("1", "routes GPU-to-GPU traffic through host memory"),
-    "NCCL_SHM_DISABLE": ("1", "disables shared-memory transport between local ranks"),
-    "NCCL_IB_DISABLE": ("1", "disables InfiniBand: inter-node traffic over TCP"),
-}
+from .settings import match_settings
 
 
 def check_variables(ctx: Context) -> list[Finding]:
@@ -39,18 +21,20 @@ def check_variables(ctx: Context) -> list[Finding]:
                 details={"variables": dict(sorted(variables.items()))},
             )
         )
-    for name, (bad, why) in DANGEROUS.items():
-        value = variables.get(name)
-        if value and (bad is None or value.strip() == bad):
-            findings.append(
-                Finding(
-                    "warning",
-                    "ENV_VAR_DANGEROUS",
-                    f"{name}={value}: {why}",
-                    f"unset {name} for training runs",
-                    {"variable": name, "value": value},
-                )
+    # The catalogue (settings.py) says what each harmful value costs and where that is
+    # documented; the finding repeats both so a report reader need not look it up.
+    for m in match_settings(variables, ctx.device):
+        s = m.setting
+        findings.append(
+            Finding(
+                m.severity,
+                "ENV_VAR_DANGEROUS",
+                f"{s.name}={m.value}: {s.effect} (source: {s.source})",
+                f"unset {s.name} for training runs (`env -u {s.name} ...`), or remove it "
+                "from the shell profile, job script or container environment that sets it",
+                {"variable": s.name, "value": m.value, "effect": s.effect, "source": s.source},
             )
+        )
     return findings
 
 

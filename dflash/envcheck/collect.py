@@ -33,11 +33,13 @@ class ProbeData:
     gpu: dict[str, Any]
     torch: dict[str, Any] | None  # None when the torch import probe was skipped
     errors: list[str] = field(default_factory=list)
+    # probe_startup.py: the user's sys.path, start-up hooks, where modules resolve
+    startup: dict[str, Any] | None = None
 
 
-def _start(python: str, script: str) -> subprocess.Popen[str]:
+def _start(python: str, script: str, flags: tuple[str, ...] = ("-I",)) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [python, "-I", str(HERE / script)],
+        [python, *flags, str(HERE / script)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -76,15 +78,22 @@ def resolve_python(python: str | None) -> str:
 def collect(python: str | None = None, import_torch: bool = True) -> ProbeData:
     exe = resolve_python(python)
     errors: list[str] = []
-    torch_proc = gpu_proc = static_proc = None
+    torch_proc = gpu_proc = static_proc = startup_proc = None
     try:
         try:
             torch_proc = _start(exe, "probe_torch.py") if import_torch else None
             gpu_proc = _start(exe, "probe_gpu.py")
             static_proc = _start(exe, "probe.py")
+            # -S: site must not run here, the probe replays it without executing hooks
+            startup_proc = _start(exe, "probe_startup.py", ("-I", "-S"))
         except OSError as exc:
             raise ProbeError(f"cannot run {exe}: {exc}") from exc
         static = _finish(static_proc, "probe.py", STATIC_TIMEOUT_S)
+        try:
+            startup = _finish(startup_proc, "probe_startup.py", STATIC_TIMEOUT_S)
+        except ProbeError as exc:
+            errors.append(str(exc))
+            startup = {"error": str(exc)}
         try:
             gpu = _finish(gpu_proc, "probe_gpu.py", STATIC_TIMEOUT_S)
         except ProbeError as exc:
@@ -98,11 +107,13 @@ def collect(python: str | None = None, import_torch: bool = True) -> ProbeData:
                 # A crash (e.g. a segfault in a mismatched CUDA library) is itself a finding.
                 torch_data = {"imported": False, "error": str(exc)}
     finally:
-        for proc in (torch_proc, gpu_proc, static_proc):
+        for proc in (torch_proc, gpu_proc, static_proc, startup_proc):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    return ProbeData(python=exe, static=static, gpu=gpu, torch=torch_data, errors=errors)
+    return ProbeData(
+        python=exe, static=static, gpu=gpu, torch=torch_data, errors=errors, startup=startup
+    )
 
 
 def collect_static(python: str | None = None) -> dict[str, Any]:

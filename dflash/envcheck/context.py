@@ -29,6 +29,8 @@ class Context:
     cache_root: Path | None = None
     fingerprint: str = ""
     components: dict[str, Any] = field(default_factory=dict)
+    device: str = "auto"  # what the run is meant to use: auto, cpu or cuda (--device)
+    verify: bool = False  # hash every installed file (--verify), not just the cheap subset
 
     @property
     def static(self) -> dict[str, Any]:

@@ -13,17 +13,21 @@ from pathlib import Path
 from typing import Any
 
 from .caches import check_caches
+from .checks_build import check_build
 from .checks_cuda import check_cuda, check_gpu
 from .checks_env import check_manifest, check_variables
 from .checks_files import check_files
+from .checks_integrity import check_integrity
 from .checks_libs import check_libs
 from .checks_lock import check_lock
+from .checks_startup import check_startup
 from .collect import ProbeData, ProbeError, collect
 from .context import Context
 from .findings import Finding, FixContext, has_errors, sort_findings
 from .fingerprint import build_manifest, components_from_probe, fingerprint
 from .lockfile import Lock, LockError, detect_extra, find_lock, load_lock, resolve
 from .paths import default_compile_cache_root, manifest_path
+from .settings import DEVICES
 from .site_files import manifest_extras
 
 CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (
@@ -31,6 +35,9 @@ CHECKS: tuple[Callable[[Context], list[Finding]], ...] = (
     check_cuda,
     check_lock,
     check_files,
+    check_integrity,
+    check_build,
+    check_startup,
     check_libs,
     check_caches,
     check_gpu,
@@ -126,6 +133,8 @@ def prepare(
     lock_path: str | None = None,
     extra: str | None = None,
     cache_root: str | os.PathLike[str] | None = None,
+    device: str = "auto",
+    verify: bool = False,
 ) -> Context:
     static = probe.static
     interp = static["interpreter"]
@@ -140,6 +149,8 @@ def prepare(
         manifest=manifest,
         manifest_error=manifest_error,
         cache_root=Path(cache_root) if cache_root else default_compile_cache_root(),
+        device=device,
+        verify=verify,
     )
     path, ctx.lock_note = find_lock(lock_path, interp["prefix"], _start_dirs(static))
     if path is not None:
@@ -185,9 +196,15 @@ def run_doctor(
     extra: str | None = None,
     import_torch: bool = True,
     cache_root: str | os.PathLike[str] | None = None,
+    device: str = "auto",
+    verify: bool = False,
 ) -> Report:
     """Audit `python`'s environment (default: this interpreter). Never raises for
-    a broken environment: every problem is a finding."""
+    a broken environment: every problem is a finding. `device` is what the run is
+    meant to use (auto, cpu, cuda): hiding every GPU is an error only for cuda.
+    `verify` hashes every installed file against RECORD (seconds to a minute)."""
+    if device not in DEVICES:
+        raise ValueError(f"device {device!r} is not one of {DEVICES}")
     start = time.perf_counter()
     try:
         probe = collect(python, import_torch=import_torch)
@@ -200,7 +217,7 @@ def run_doctor(
         )
         shown = str(python) if python else sys.executable
         return Report(shown, [finding], duration_s=time.perf_counter() - start)
-    ctx = prepare(probe, lock, extra, cache_root)
+    ctx = prepare(probe, lock, extra, cache_root, device=device, verify=verify)
     return Report(
         python=probe.python,
         findings=run_checks(ctx),

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from .paths import DFLASH_LOCK_ENV
+from .settings import DEVICES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-root", metavar="DIR", help="root of the fingerprint-keyed compile caches"
     )
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="auto",
+        help="what the run will use: with cuda, settings that hide the GPUs are errors and "
+        "a failed GPU query is a warning (default: auto)",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every installed file against its RECORD sha256 (the default run hashes "
+        "only Python sources and files changed since the last --verify)",
+    )
     parser.add_argument("--quiet", action="store_true", help="hide info findings (human report)")
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings as well")
     parser.add_argument(
@@ -57,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         extra=args.extra,
         import_torch=not args.no_import,
         cache_root=args.cache_root,
+        device=args.device,
+        verify=args.verify,
     )
     text = render_json(report) if args.json else render_human(report, show_info=not args.quiet)
     sys.stdout.write(text + "\n")

@@ -58,6 +58,17 @@ CODES: dict[str, str] = {
     # 7. variables
     "ENV_VARS": "performance-relevant environment variables",
     "ENV_VAR_DANGEROUS": "an environment variable known to cost performance or hermeticity",
+    # 8. start-up hooks and import shadowing (probe_startup.py)
+    "STARTUP_PROBE_FAILED": "the start-up probe failed: hooks and shadowing unchecked",
+    "STARTUP_HOOK": "a .pth import line or sitecustomize/usercustomize runs at start-up",
+    "MODULE_SHADOWED": "a locked distribution's module is imported from somewhere else",
+    "EDITABLE_INSTALL": "a locked distribution is installed editable from a source dir",
+    # 9. installed files against RECORD hashes
+    "RECORD_VERIFIED": "how many installed files were checked against RECORD, and how",
+    "FILE_MODIFIED": "an installed file no longer matches its RECORD sha256",
+    # 10. build identity and ABI pairs
+    "BUILD_MISMATCH": "the locked version, but another build than the lock's wheel",
+    "ABI_PAIR_MISMATCH": "a package built for another torch/triton than the installed one",
     # manifest
     "MANIFEST_MATCH": "environment matches the manifest baked into the image",
     "ENV_MUTATED": "environment mutated in place since the image was built",

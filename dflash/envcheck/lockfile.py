@@ -51,6 +51,9 @@ class LockPackage:
     optional: dict[str, tuple[dict[str, Any], ...]]
     dev: dict[str, tuple[dict[str, Any], ...]]
     resolution_markers: tuple[str, ...]
+    # the locked artifacts: [{url, hash, size}], the wheels' file names carry their tags
+    wheels: tuple[dict[str, Any], ...] = ()
+    sdist: dict[str, Any] | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -95,6 +98,8 @@ def parse_lock(text: str, path: Path = Path("uv.lock")) -> Lock:
                 optional={k: _deps(v) for k, v in raw.get("optional-dependencies", {}).items()},
                 dev={k: _deps(v) for k, v in raw.get("dev-dependencies", {}).items()},
                 resolution_markers=tuple(raw.get("resolution-markers", [])),
+                wheels=tuple(w for w in raw.get("wheels", []) if isinstance(w, dict)),
+                sdist=raw.get("sdist") if isinstance(raw.get("sdist"), dict) else None,
             )
         )
     by_name: dict[str, list[LockPackage]] = {}

@@ -36,3 +36,13 @@ def default_compile_cache_root() -> Path:
         return Path(os.environ[COMPILE_CACHE_ROOT_ENV])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "dflash" / "compile"
+
+
+def verify_baseline_path(prefix: str | os.PathLike[str]) -> Path:
+    """Where `dflash doctor --verify` keeps the (size, mtime) of every file it hashed,
+    for the quick check of later runs: beside the compile caches, one file per
+    environment (keyed by its real path, so two venvs never share one)."""
+    import hashlib
+
+    key = hashlib.sha256(os.path.realpath(prefix).encode()).hexdigest()[:16]
+    return default_compile_cache_root().parent / "verify" / f"{key}.json"

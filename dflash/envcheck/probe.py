@@ -102,12 +102,38 @@ def read_record(dist: importlib.metadata.Distribution) -> list[tuple[str, str, i
     return rows
 
 
-def _is_editable(dist: importlib.metadata.Distribution) -> bool:
+def _direct_url(dist: importlib.metadata.Distribution) -> dict[str, Any]:
     try:
         direct = json.loads(dist.read_text("direct_url.json") or "{}")
     except ValueError:
-        return False
-    return bool(direct.get("dir_info", {}).get("editable"))
+        return {}
+    return direct if isinstance(direct, dict) else {}
+
+
+def wheel_identity(dist: importlib.metadata.Distribution) -> dict[str, Any]:
+    """What tells two builds of one version apart: the WHEEL file's tags and build
+    number, and the archive hash where the installer recorded one (direct_url.json;
+    uv and pip write it for URL and path installs, not for index installs)."""
+    tags, build = [], None
+    for line in (dist.read_text("WHEEL") or "").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Tag":
+            tags.append(value.strip())
+        elif key.strip() == "Build":
+            build = value.strip()
+    direct = _direct_url(dist)
+    archive = direct.get("archive_info", {}) if isinstance(direct.get("archive_info"), dict) else {}
+    hashes = dict(archive.get("hashes") or {})
+    if not hashes and "=" in str(archive.get("hash", "")):
+        algo, _, value = str(archive["hash"]).partition("=")
+        hashes[algo] = value
+    return {
+        "wheel_tags": tags,
+        "wheel_build": build,
+        "archive_hashes": hashes,
+        "direct_url": direct.get("url"),
+        "editable": bool((direct.get("dir_info") or {}).get("editable")),
+    }
 
 
 def torch_version_info(site_dir: str) -> dict[str, object]:
@@ -163,11 +189,18 @@ def collect_distributions() -> dict[str, Any]:
             "site_dir": site_dir,
             "dist_info": info_dir,
             "installer": (dist.read_text("INSTALLER") or "").strip(),
-            "editable": _is_editable(dist),
+            # its own pins on other distributions (torchvision's torch==X): the ABI pairs
+            "requires": list(meta.get_all("Requires-Dist") or []),
+            **wheel_identity(dist),
         }
         missing: list[str] = []
         libs: list[str] = []
         nvidia_dirs: set[str] = set()
+        # Files changed in place (verify.py): a size other than RECORD's is proof; the
+        # digest of every (path, size, mtime) tells a later run, in one comparison per
+        # distribution, whether anything changed since `doctor --verify` hashed it all.
+        resized: list[list] = []
+        stat_hash = hashlib.sha256()
         rows = read_record(dist)
         for rel, digest, size in rows:
             # Byte-code caches are optional and recreated on demand: not holes.
@@ -185,9 +218,13 @@ def collect_distributions() -> dict[str, Any]:
                 missing.append(rel)
                 continue
             stats[full] = st.st_size
+            stat_hash.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            if size is not None and st.st_size != size:
+                resized.append([rel, st.st_size, size])
             if is_shared_lib(rel):
                 libs.append(rel)
         entry.update(n_files=len(rows), missing=missing, libs=libs, nvidia_dirs=sorted(nvidia_dirs))
+        entry.update(resized=resized, stat_digest=stat_hash.hexdigest())
         dists.append(entry)
     return {"distributions": dists, **_libraries_and_collisions(dists, claims, stats)}
 

@@ -1,0 +1,62 @@
+"""Files changed in place inside installed distributions (RECORD sha256 mismatches)."""
+
+from __future__ import annotations
+
+from .context import Context
+from .findings import Finding
+from .verify import verify
+
+SAMPLE = 10  # files listed per finding; the count says how many in all
+
+
+def check_integrity(ctx: Context) -> list[Finding]:
+    res = verify(ctx.dists, ctx.fix.prefix, full=ctx.verify)
+    how = (
+        "every file hashed"
+        if res.mode == "full"
+        else "sizes of every file, hashes of files changed since the last --verify"
+        if res.baseline
+        else "sizes of every file, hashes of the Python sources (no --verify baseline yet)"
+    )
+    findings = [
+        Finding(
+            "info",
+            "RECORD_VERIFIED",
+            f"{res.files} installed files checked against RECORD ({how}): hashed "
+            f"{res.hashed} files, {res.hashed_bytes / 1e6:.0f} MB, in {res.seconds:.2f} s",
+            details={
+                "mode": res.mode,
+                "files": res.files,
+                "hashed": res.hashed,
+                "hashed_bytes": res.hashed_bytes,
+                "seconds": round(res.seconds, 3),
+                "baseline": res.baseline,
+            },
+        )
+    ]
+    by_dist: dict[tuple[str, str], list] = {}
+    for entry, why in res.modified:
+        by_dist.setdefault((entry.dist, entry.version), []).append((entry, why))
+    for (dist, version), items in sorted(by_dist.items()):
+        items.sort(key=lambda x: x[0].rel)
+        first, why = items[0]
+        findings.append(
+            Finding(
+                "error",
+                "FILE_MODIFIED",
+                f"{len(items)} file(s) of {dist} {version} changed after installation, e.g. "
+                f"{first.rel} ({why})",
+                ctx.fix.recreate(
+                    "an installed file was edited or replaced in place; patch the source and "
+                    "rebuild instead of editing site-packages"
+                ),
+                {
+                    "package": dist,
+                    "version": version,
+                    "count": len(items),
+                    "files": [e.rel for e, _ in items[:SAMPLE]],
+                    "why": {e.rel: w for e, w in items[:SAMPLE]},
+                },
+            )
+        )
+    return findings
