@@ -37,11 +37,13 @@ def load_pair(target_dir: str, drafter_dir: str, device: str = "cpu", drafter_st
 
     from dflash.model import DFlashDraftModel
 
+    # The drafter first: its config is normalised by dflash.export, and a config that
+    # readers would build differently is refused before the (large) target loads.
+    drafter = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         target_dir, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
     )
-    drafter = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32)
     if drafter_state is not None:
         drafter.load_state_dict(drafter_state)
     check_pair(model, tok, drafter, target_dir, drafter_dir)
