@@ -7,6 +7,8 @@ file is the single source of truth for flags, defaults and their validation.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +38,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         max_doc_len=96,
         loss_chunk=512,
     ),
-    # Paper recipe (shared/DFLASH.md): Qwen3-8B target from a local HF directory.
+    # The paper's recipe (arXiv 2602.06036): Qwen3-8B target from a local HF directory.
     "qwen3-8b": dict(
         seq_len=3072,
         block_size=16,
@@ -52,39 +54,77 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+CHOICES: dict[str, tuple[str, ...]] = {
+    "attn": ("auto", "sdpa", "flex"),
+    "device": ("auto", "cpu", "cuda"),
+    "wandb": ("offline", "online", "off"),
+}
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+class ConfigError(ValueError):
+    """A bad value of one field. `field` lets the caller say where the value came from
+    (a flag or a recipe key); str() reads as the flag's error."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field, self.message = field, message
+        super().__init__(f"{_flag(field)} {message}")
+
+
+def _typed(name: str, value: Any, hint: Any) -> Any:
+    """`value` checked against the field's annotation (recipes bring TOML values, not
+    argparse-converted ones); an int where a float is expected becomes that float."""
+    args = (
+        typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else ()
+    )
+    if value is None and type(None) in args:
+        return None
+    tp = next((a for a in args if a is not type(None)), hint) if args else hint
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(name, f"must be {tp.__name__}, got {value!r} ({type(value).__name__})")
 
 
 @dataclass
 class TrainConfig:
     out: str = field(metadata={"help": "run directory (metrics, checkpoints, drafter/)"})
+    config: str | None = field(
+        default=None,
+        metadata={"help": "TOML recipe whose keys are these fields; flags override it"},
+    )
     preset: str = field(default="tiny", metadata={"help": f"one of {sorted(PRESETS)}"})
     target: str | None = field(default=None, metadata={"help": "local HF target directory"})
     data: str = field(
         default="random", metadata={"help": "'random', or a .jsonl/.parquet/saved dataset path"}
     )
-    max_steps: int = field(default=0, metadata={"help": "optimizer steps"})
-    seq_len: int = field(default=0, metadata={"help": "token budget per packed row"})
+    max_steps: int | None = field(default=None, metadata={"help": "optimizer steps"})
+    seq_len: int | None = field(default=None, metadata={"help": "token budget per packed row"})
     rows: int = field(default=1, metadata={"help": "packed rows per micro-batch"})
-    block_size: int = field(default=0, metadata={"help": "drafter block size"})
-    max_anchors: int = field(default=0, metadata={"help": "anchors per row (static shape)"})
-    draft_layers: int = field(default=0, metadata={"help": "drafter decoder layers"})
+    block_size: int | None = field(default=None, metadata={"help": "drafter block size"})
+    max_anchors: int | None = field(
+        default=None, metadata={"help": "anchors per row (static shape)"}
+    )
+    draft_layers: int | None = field(default=None, metadata={"help": "drafter decoder layers"})
     num_target_features: int = field(default=5, metadata={"help": "target layers fused"})
     mask_token_id: int | None = field(default=None, metadata={"help": "override mask row"})
-    lr: float = field(default=0.0, metadata={"help": "peak learning rate"})
+    lr: float | None = field(default=None, metadata={"help": "peak learning rate"})
     min_lr_ratio: float = field(default=0.0, metadata={"help": "cosine floor / peak"})
     warmup_ratio: float = field(default=0.04, metadata={"help": "warmup share of steps"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     grad_clip: float = field(default=1.0, metadata={"help": "max grad norm (0 = off)"})
     grad_accum: int = field(default=1, metadata={"help": "micro-batches per step"})
     loss_gamma: float | None = field(default=None, metadata={"help": "slot decay gamma"})
-    loss_chunk: int = field(default=0, metadata={"help": "rows per CE chunk"})
+    loss_chunk: int | None = field(default=None, metadata={"help": "rows per CE chunk"})
     seed: int = field(default=0, metadata={"help": "seed for init, data and anchors"})
-    min_doc_len: int = field(default=0, metadata={"help": "random data: min doc length"})
-    max_doc_len: int = field(default=0, metadata={"help": "random data: max doc length"})
+    min_doc_len: int | None = field(default=None, metadata={"help": "random data: min doc length"})
+    max_doc_len: int | None = field(default=None, metadata={"help": "random data: max doc length"})
     skip_bad_rows: bool = field(default=False, metadata={"help": "skip malformed rows"})
-    log_every: int = field(default=0, metadata={"help": "steps between metric lines"})
+    log_every: int | None = field(default=None, metadata={"help": "steps between metric lines"})
     save_every: int = field(default=0, metadata={"help": "steps between checkpoints (0=end)"})
     keep_last: int = field(default=3, metadata={"help": "checkpoints kept"})
     compile: bool = field(default=False, metadata={"help": "torch.compile drafter + masks"})
@@ -104,48 +144,50 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        for name, hint in typing.get_type_hints(TrainConfig).items():
+            setattr(self, name, _typed(name, getattr(self, name), hint))
         if self.preset not in PRESETS:
-            raise ValueError(f"--preset {self.preset!r} unknown; choose one of {sorted(PRESETS)}")
+            raise ConfigError("preset", f"{self.preset!r} unknown; choose one of {sorted(PRESETS)}")
+        # None, never 0, means "from the preset": an explicit 0 is validated like any value.
         for key, value in PRESETS[self.preset].items():
-            if getattr(self, key) in (0, 0.0, None):
+            if getattr(self, key) is None:
                 setattr(self, key, value)
         if self.preset != "tiny" and not self.target:
-            raise ValueError(f"--preset {self.preset} needs --target PATH (a local HF directory)")
+            raise ConfigError(
+                "target",
+                f"missing: preset {self.preset} trains against a local HF directory; set it "
+                'with --target /models/Qwen3-8B, or target = "/models/Qwen3-8B" in the recipe',
+            )
         positive = ("max_steps", "seq_len", "rows", "max_anchors", "draft_layers", "grad_accum")
         positive += ("lr", "loss_chunk", "log_every", "keep_last", "min_doc_len")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"{_flag(name)} must be > 0, got {getattr(self, name)}")
+                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         if self.block_size < 2:
-            raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
+            raise ConfigError("block_size", f"must be >= 2, got {self.block_size}")
         if self.block_size > self.seq_len:
-            raise ValueError(f"--block-size {self.block_size} exceeds --seq-len {self.seq_len}")
+            raise ConfigError("block_size", f"{self.block_size} exceeds --seq-len {self.seq_len}")
         if self.max_doc_len < self.min_doc_len:
-            raise ValueError("--max-doc-len must be >= --min-doc-len")
+            raise ConfigError(
+                "max_doc_len",
+                f"must be >= --min-doc-len {self.min_doc_len}, got {self.max_doc_len}",
+            )
         if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
+            raise ConfigError("warmup_ratio", f"must be in [0, 1), got {self.warmup_ratio}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
+            raise ConfigError("min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         if self.loss_gamma is not None and self.loss_gamma <= 0:
-            raise ValueError(f"--loss-gamma must be > 0, got {self.loss_gamma}")
-        for name, options in (
-            ("attn", ("auto", "sdpa", "flex")),
-            ("device", ("auto", "cpu", "cuda")),
-            ("wandb", ("offline", "online", "off")),
-        ):
+            raise ConfigError("loss_gamma", f"must be > 0, got {self.loss_gamma}")
+        for name, options in CHOICES.items():
             if getattr(self, name) not in options:
-                raise ValueError(
-                    f"{_flag(name)} must be one of {options}, got {getattr(self, name)!r}"
-                )
-        if self.save_every < 0:
-            raise ValueError(f"--save-every must be >= 0, got {self.save_every}")
-        for name in ("targets", "drafters"):
+                raise ConfigError(name, f"must be one of {options}, got {getattr(self, name)!r}")
+        for name in ("save_every", "targets", "drafters", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{_flag(name)} must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.max_in_flight < 1:
-            raise ValueError(f"--max-in-flight must be >= 1, got {self.max_in_flight}")
+            raise ConfigError("max_in_flight", f"must be >= 1, got {self.max_in_flight}")
         if self.dist_timeout <= 0:
-            raise ValueError(f"--dist-timeout must be > 0, got {self.dist_timeout}")
+            raise ConfigError("dist_timeout", f"must be > 0, got {self.dist_timeout}")
 
     @property
     def gamma(self) -> float:
@@ -158,7 +200,7 @@ class TrainConfig:
 
     # Fields that may change when resuming a run without making it "another run".
     RESUMABLE_CHANGES = ("max_steps", "resume", "log_every", "save_every", "keep_last", "wandb")
-    RESUMABLE_CHANGES += ("allow_dirty_env", "out", "compile", "device", "attn")
+    RESUMABLE_CHANGES += ("allow_dirty_env", "out", "compile", "device", "attn", "config")
     # The number of targets never changes what is trained (see dflash/dist/roles.py);
     # the number of drafters does (global batch = drafters x grad_accum micro-batches).
     RESUMABLE_CHANGES += ("targets", "max_in_flight", "dist_timeout")

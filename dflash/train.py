@@ -41,11 +41,16 @@ from dflash.metrics import MetricsLogger, StepTimer
 __all__ = ["NonFiniteLoss", "train"]
 
 
-def train(cfg: TrainConfig, *, stop_after: int | None = None, env_record=None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig, *, stop_after: int | None = None, env_record=None, recipe=None
+) -> dict[str, Any]:
     """Run (or resume) training. `stop_after` stops like a signal would after that step
-    (used by tests to interrupt deterministically). Returns a summary dict."""
+    (used by tests to interrupt deterministically). `recipe`: the recipe file's record
+    (path, sha256) for run.json. Returns a summary dict."""
     run_dir = Path(cfg.out)
     record = ckpt.claim_run_dir(run_dir, cfg.to_dict(), cfg.resume, TrainConfig.RESUMABLE_CHANGES)
+    if recipe is not None:
+        ckpt.update_run_record(run_dir, recipe=recipe)
     device = resolve_device(cfg)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     attn = resolve_attn(cfg, device)

@@ -1,14 +1,24 @@
-"""`dflash train`: flags generated from TrainConfig, so the dataclass is the one source."""
+"""`dflash train`: flags generated from TrainConfig, so the dataclass is the one source.
+
+Values come from, in rising precedence: the preset, a recipe (`--config FILE`, or
+./dflash.toml when present), the flags. With no recipe and no flags at all, the shipped
+tiny recipe runs (a CPU check that training works here) and the end says how to write a
+recipe for a real target.
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import types
 import typing
+from datetime import UTC, datetime
+from pathlib import Path
 
-from dflash.config import PRESETS, TrainConfig
+from dflash import recipes
+from dflash.config import PRESETS, ConfigError, TrainConfig
 
 
 def _base_type(tp):
@@ -30,29 +40,112 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help_text += (
                 " (preset: " + ", ".join(f"{p} {v}" for p, v in preset_default.items()) + ")"
             )
+        if f.name == "out":
+            help_text += " (default: runs/<preset>-<UTC time>)"
+        if f.name == "config":
+            help_text += f" (default: ./{recipes.RECIPE_FILE} if present; shipped: "
+            help_text += ", ".join(recipes.shipped()) + ")"
+        # Every flag defaults to None = "not given", so a recipe's value stands unless a
+        # flag overrides it; booleans get --no-X to override a recipe's true.
         if tp is bool:
-            parser.add_argument(flag, action="store_true", help=help_text)
-        elif f.default is dataclasses.MISSING:
-            parser.add_argument(flag, type=tp, required=True, help=help_text)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         else:
             parser.add_argument(flag, type=tp, default=None, help=help_text)
+    parser.add_argument(
+        "--show-recipe",
+        metavar="NAME",
+        help="print a shipped recipe and exit, e.g. `--show-recipe qwen3-8b > dflash.toml`",
+    )
+
+
+def default_out(preset: str) -> str:
+    """runs/<preset>-<UTC time> under the working directory, never an existing one."""
+    stem = f"runs/{preset}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+    out, n = stem, 1
+    while Path(out).exists():
+        n += 1
+        out = f"{stem}-{n}"
+    return out
+
+
+def _located(e: ConfigError, recipe: recipes.Recipe | None, flags: dict) -> str:
+    """The error, naming the flag or the recipe file and key the bad value came from."""
+    if recipe is None or e.field in flags:
+        return str(e)
+    return f"{recipe.path}: key {e.field!r} {e.message}"
+
+
+def resolve(args: argparse.Namespace) -> tuple[TrainConfig, recipes.Recipe | None]:
+    """The config of this run and the recipe it came from. ValueError: one line."""
+    fields = [f.name for f in dataclasses.fields(TrainConfig)]
+    flags = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
+    recipe = recipes.load(flags["config"]) if "config" in flags else None
+    values = {**(recipe.values if recipe else {}), **flags}
+    if recipe is not None:
+        values["config"] = str(recipe.path)
+    if "out" not in values:
+        if values.get("resume"):
+            raise ValueError("--resume continues the run in --out RUN: pass --out")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each rank would pick its own time
+            raise ValueError("under torchrun every rank needs the same run directory: pass --out")
+        values["out"] = default_out(str(values.get("preset", "tiny")))
+    try:
+        cfg = TrainConfig(**values)
+        check_local_paths(cfg)
+    except ConfigError as e:
+        raise ValueError(_located(e, recipe, flags)) from None
+    return cfg, recipe
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    kwargs = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(TrainConfig)
-        if getattr(args, f.name) is not None
-    }
-    return TrainConfig(**kwargs)
+    return resolve(args)[0]
+
+
+def check_local_paths(cfg: TrainConfig) -> None:
+    """Missing local inputs fail now, not after minutes of loading a target."""
+    if cfg.target and not Path(cfg.target).is_dir():
+        raise ConfigError(
+            "target", f"{cfg.target!r}: no such directory (a local HF model directory)"
+        )
+    if cfg.data != "random" and not Path(cfg.data).exists():
+        raise ConfigError(
+            "data", f"{cfg.data!r}: no such file or directory (or 'random' for random tokens)"
+        )
+
+
+NEXT_STEPS = """
+That was the tiny preset on random tokens: a check that training works here.
+To train a drafter for a real target, write a recipe (TOML; its keys are the flags of
+`dflash train --help` with _ for -) and run `dflash train` where it is:
+    dflash train --show-recipe qwen3-8b > dflash.toml
+    # edit dflash.toml: target = "/models/Qwen3-8B", data = "regen.jsonl"
+    dflash train                                  # reads ./dflash.toml
+In the image, the working directory is the one mounted at /work:
+    docker run --rm IMAGE train --show-recipe qwen3-8b > dflash.toml
+    docker run --rm --gpus all -v "$PWD:/work" -v /models:/models IMAGE train"""
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.show_recipe:
+        try:
+            print(recipes.text(args.show_recipe), end="")
+        except recipes.RecipeError as e:
+            print(f"dflash train: {e}", file=sys.stderr)
+            return 2
+        return 0
+    bare = all(v is None for k, v in vars(args).items() if not k.startswith("_"))
+    if args.config is None and Path(recipes.RECIPE_FILE).is_file():
+        args.config = recipes.RECIPE_FILE
+        bare = False
+    elif bare:  # never a usage error: the tiny CPU run, then how to go further
+        args.config = "tiny"
     try:
-        cfg = config_from_args(args)
+        cfg, recipe = resolve(args)
     except ValueError as e:
         print(f"dflash train: {e}", file=sys.stderr)
         return 2
+    if recipe is not None:
+        print(f"dflash train: recipe {recipe.path} (sha256 {recipe.sha256[:12]}), out {cfg.out}")
     from dflash.dist.launch import plan, self_launch
 
     try:  # one process, this rank of a torchrun job, or launch torchrun ourselves
@@ -70,19 +163,22 @@ def run(args: argparse.Namespace) -> int:
     env_record = _preflight(cfg)
     if env_record is None:
         return 3
+    record = recipe.record() if recipe else None
     if mode == "rank":  # reports its own errors (naming rank and role) and exits 1
         from dflash.dist.pipeline import run as run_rank
 
-        summary = run_rank(cfg, env_record=env_record)
+        summary = run_rank(cfg, env_record=env_record, recipe=record)
         return 128 + (summary["signal"] or 0) if summary["interrupted"] else 0
     try:
-        summary = train(cfg, env_record=env_record)
+        summary = train(cfg, env_record=env_record, recipe=record)
     except (RunDirError, DataError, TargetMismatch, NonFiniteLoss, ValueError) as e:
         print(f"dflash train: {e}", file=sys.stderr)
         return 1
     if summary["interrupted"]:
         print(f"stopped by signal {summary['signal']}; continue with --resume", file=sys.stderr)
         return 128 + (summary["signal"] or 0)
+    if bare:
+        print(NEXT_STEPS)
     return 0
 
 

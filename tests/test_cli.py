@@ -57,6 +57,27 @@ def test_train_tiny_end_to_end(tmp_path):
     assert json.loads((tmp_path / "r" / "run.json").read_text())["environment"]["dirty"] is False
 
 
+def test_bare_train_runs_the_tiny_recipe_and_says_what_next(tmp_path):
+    """`dflash train` with no recipe and no flags is never a usage error."""
+    res = subprocess.run(
+        [sys.executable, "-m", "dflash", "train"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("tiny-")
+    assert (run_dir / "drafter" / "model.safetensors").exists()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["recipe"]["shipped"] == "tiny" and record["config"]["device"] == "cpu"
+    assert "--show-recipe qwen3-8b > dflash.toml" in res.stdout
+    shown = run("train", "--show-recipe", "qwen3-8b")
+    assert shown.returncode == 0 and 'preset = "qwen3-8b"' in shown.stdout
+
+
 def _metric_steps(path: Path) -> list[int]:
     if not path.exists():
         return []

@@ -48,8 +48,8 @@ def config_argv(cfg: TrainConfig) -> list[str]:
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
-            argv += [flag] if value else []
+        if isinstance(value, bool):  # --no-X too: a false flag must override a recipe's true
+            argv += [flag if value else "--no-" + flag[2:]]
         elif value is not None:
             argv += [flag, str(value)]
     return argv

@@ -75,7 +75,7 @@ def _start(cfg: TrainConfig, layout: Layout, rank: int, device: torch.device):
     return step, last, record
 
 
-def run(cfg: TrainConfig, *, env_record=None) -> dict[str, Any]:
+def run(cfg: TrainConfig, *, env_record=None, recipe=None) -> dict[str, Any]:
     """Run this rank; returns its summary. Errors end the process with exit code 1."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     targets, drafters = resolve_split(cfg.targets, cfg.drafters, world)
@@ -99,6 +99,8 @@ def run(cfg: TrainConfig, *, env_record=None) -> dict[str, Any]:
             )
             if env_record is not None:
                 ckpt.update_run_record(Path(cfg.out), environment=env_record)
+            if recipe is not None:
+                ckpt.update_run_record(Path(cfg.out), recipe=recipe)
         with catch_signals(flag):  # a signal stops the run at the next logging step
             if layout.role(rank)[0] == "target":
                 from dflash.dist.target_rank import run_target
