@@ -126,6 +126,12 @@ def pip(venvs, venv: Path, *args: str) -> None:
 def test_clean_env_is_clean(clean_env, clean_report):
     assert (clean_env / SITE / "pytest").is_dir()  # dev group installed, must not be flagged
     assert clean_report["ok"] and errors(clean_report) == [], clean_report["findings"]
+    warnings = [f for f in clean_report["findings"] if f["severity"] == "warning"]
+    assert warnings == [], warnings
+    # a locked distribution's own start-up hook is part of the locked environment
+    hooks = {f["details"]["owner"]: f["severity"] for f in find(clean_report, "STARTUP_HOOK")}
+    assert hooks.get("cuda-bindings") == "info", hooks
+    assert find(clean_report, "RECORD_VERIFIED")[0]["details"]["mode"] == "quick"
     assert clean_report["extra"] == EXTRA
     assert find(clean_report, "TORCH_INFO")[0]["details"]["cuda"] == "12.8"
     assert not find(clean_report, "TORCH_IMPORT_SKIPPED")
