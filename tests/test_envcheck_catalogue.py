@@ -1,0 +1,175 @@
+"""Issue 16's checks on synthetic probe data: build identity, hooks, shadowing
+causes, the settings catalogue, GPU-query noise (the real-venv versions are in
+test_envcheck_contaminated.py)."""
+
+import glob
+import hashlib
+
+import pytest
+from test_envcheck_fakes import ENV, SITE, SYNTHETIC, context, dist, static
+
+from dflash.envcheck.checks_build import check_build
+from dflash.envcheck.checks_cuda import check_gpu
+from dflash.envcheck.checks_startup import check_startup
+from dflash.envcheck.settings import CATALOGUE, describe, match_settings
+
+WHEEL = "torch-2.10.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+WHEEL_SHA = hashlib.sha256(b"the locked torch wheel").hexdigest()
+
+
+@pytest.fixture
+def lock_path(tmp_path):
+    # the synthetic lock, with the wheel list uv writes for torch 2.10.0
+    marker = 'resolution-markers = ["sys_platform == \'linux\'"]\ndependencies = [{ name = "nvidia-cudnn-cu12"'
+    assert SYNTHETIC.count(marker) == 1
+    wheels = (
+        f'wheels = [{{ url = "https://files.example/{WHEEL}", hash = "sha256:{WHEEL_SHA}" }}]\n'
+    )
+    path = tmp_path / "uv.lock"
+    path.write_text(SYNTHETIC.replace(marker, wheels + marker))
+    return path
+
+
+def torch_dist(version="2.10.0", tags=("cp311-cp311-manylinux_2_28_x86_64",), **extra):
+    d = dist("torch", version)
+    d.update({"wheel_tags": list(tags), "wheel_build": None, "archive_hashes": {}, "requires": []})
+    d.update(extra)
+    return d
+
+
+def build_ctx(lock_path, torch, others=()):
+    data = static([dist("numpy", "2.3.0"), torch, dist("nvidia-cudnn-cu12", "9.10.2.21"), *others])
+    # another interpreter than this one: every locked wheel counts as installable
+    data["interpreter"]["marker_environment"] = {**ENV, "python_full_version": "3.11.0"}
+    return context(data, lock_path, extra="cu128")
+
+
+def by_code(findings, code):
+    return [f for f in findings if f.code == code]
+
+
+def test_same_version_from_another_build(lock_path):
+    assert by_code(check_build(build_ctx(lock_path, torch_dist())), "BUILD_MISMATCH") == []
+    (local,) = by_code(
+        check_build(build_ctx(lock_path, torch_dist("2.10.0+cu126"))), "BUILD_MISMATCH"
+    )
+    assert local.severity == "error" and "+cu126" in local.message and WHEEL in local.message
+    sdist_build = torch_dist(tags=["cp311-cp311-linux_x86_64"])
+    (tag,) = by_code(check_build(build_ctx(lock_path, sdist_build)), "BUILD_MISMATCH")
+    assert "cp311-cp311-linux_x86_64" in tag.details["what"]
+    other_hash = torch_dist(archive_hashes={"sha256": hashlib.sha256(b"another").hexdigest()})
+    (hashed,) = by_code(check_build(build_ctx(lock_path, other_hash)), "BUILD_MISMATCH")
+    assert "sha256" in hashed.message
+    same_hash = torch_dist(archive_hashes={"sha256": WHEEL_SHA})
+    assert by_code(check_build(build_ctx(lock_path, same_hash)), "BUILD_MISMATCH") == []
+
+
+def test_abi_pair_read_from_metadata(lock_path):
+    vision = dist("torchvision", "0.24.0")
+    vision["requires"] = ["numpy", "torch (==2.9.0)", "scipy ; extra == 'scipy'"]
+    (pair,) = by_code(
+        check_build(build_ctx(lock_path, torch_dist(), [vision])), "ABI_PAIR_MISMATCH"
+    )
+    assert pair.details == {
+        "package": "torchvision",
+        "version": "0.24.0",
+        "requires": "torch==2.9.0",
+        "installed": "2.10.0",
+        "locked": None,
+    }
+    assert "requires torch==2.10.0" in pair.message
+    vision["requires"] = ["torch==2.10.0"]
+    assert not by_code(
+        check_build(build_ctx(lock_path, torch_dist(), [vision])), "ABI_PAIR_MISMATCH"
+    )
+
+
+def startup_ctx(lock_path, startup):
+    ctx = build_ctx(lock_path, torch_dist())
+    ctx.probe.startup = startup
+    return ctx
+
+
+def test_hook_severity_follows_the_owner(lock_path):
+    hooks = [
+        {
+            "kind": "pth",
+            "file": f"{SITE}/numpy.pth",
+            "line": 1,
+            "code": "import x",
+            "owner": "numpy",
+        },
+        {
+            "kind": "pth",
+            "file": f"{SITE}/sglang.pth",
+            "line": 3,
+            "code": "import y",
+            "owner": "sglang",
+        },
+        {"kind": "pth", "file": f"{SITE}/stray.pth", "line": 2, "code": "import z", "owner": None},
+    ]
+    found = check_startup(startup_ctx(lock_path, {"path": [], "hooks": hooks, "distributions": []}))
+    sev = {f.details["file"].rsplit("/", 1)[1]: f for f in found}
+    assert sev["numpy.pth"].severity == "info"  # a locked distribution's own hook
+    assert sev["sglang.pth"].severity == "error" and "owned by sglang" in sev["sglang.pth"].message
+    assert "rm -rf" in sev["sglang.pth"].fix
+    assert sev["stray.pth"].severity == "error" and "unowned" in sev["stray.pth"].message
+    assert sev["stray.pth"].fix.startswith(f"delete {SITE}/stray.pth")
+
+
+def test_shadowing_names_the_cause_and_skips_namespace_portions(lock_path):
+    user = "/home/u/.local/lib/python3.11/site-packages"
+    path = [
+        {"path": "/usr/lib/python3.11", "cause": "the standard library"},
+        {"path": user, "cause": "the user site-packages (~/.local)"},
+        {"path": SITE, "cause": "the environment's site-packages"},
+        {"path": "/old/checkout", "cause": f".pth file {SITE}/old.pth"},
+    ]
+    mods = {
+        "numpy": {"origin": f"{user}/numpy/__init__.py", "entry": user, "namespace": False},
+        "nvidia": {"origin": None, "locations": ["/old/checkout/nvidia", f"{SITE}/nvidia"],
+                   "entry": "/old/checkout", "namespace": True},
+    }  # fmt: skip
+    dists = [{"name": "numpy", "canonical": "numpy", "version": "2.3.0", "site_dir": SITE,
+              "modules": {"numpy": mods["numpy"]}},
+             {"name": "nvidia-cudnn-cu12", "canonical": "nvidia-cudnn-cu12", "version": "9.10.2.21",
+              "site_dir": SITE, "modules": {"nvidia": mods["nvidia"]}}]  # fmt: skip
+    found = check_startup(
+        startup_ctx(lock_path, {"path": path, "hooks": [], "distributions": dists})
+    )
+    (shadow,) = by_code(found, "MODULE_SHADOWED")
+    assert (
+        shadow.details["package"] == "numpy" and user in shadow.message and SITE in shadow.message
+    )
+    assert "PYTHONNOUSERSITE=1" in shadow.fix
+
+
+def test_catalogue_entries_cite_a_public_source():
+    assert len({s.name for s in CATALOGUE}) == len(CATALOGUE)
+    assert all(s.source.startswith("https://") and s.effect for s in CATALOGUE)
+    assert describe("TRITON_INTERPRET", "1").startswith("runs Triton kernels in the interpreter")
+    assert describe("TRITON_INTERPRET", "0") is None and describe("HOME", "/root") is None
+    assert [m.setting.name for m in match_settings({"OMP_NUM_THREADS": "1"}, "cuda")] == []
+    assert [m.severity for m in match_settings({"OMP_NUM_THREADS": "1"}, "cpu")] == ["warning"]
+    sevs = {
+        d: match_settings({"CUDA_VISIBLE_DEVICES": "-1"}, d)[0].severity
+        for d in ("cpu", "auto", "cuda")
+    }
+    assert sevs == {"cpu": "info", "auto": "warning", "cuda": "error"}
+    assert match_settings({"CUDA_VISIBLE_DEVICES": "0,1"}, "cuda") == []
+    with pytest.raises(ValueError, match="device"):
+        match_settings({}, "tpu")
+
+
+def test_gpu_query_failure_is_noise_only_without_a_gpu(lock_path):
+    gpu = {
+        "source": "nvml",
+        "gpus": [],
+        "error": "NVMLError_LibraryNotFound: NVML Shared Library Not Found",
+    }
+    ctx = context(static([dist("numpy", "2.3.0")]), lock_path, gpu=gpu, extra="cu128")
+    ctx.device = "cuda"
+    assert [f.severity for f in check_gpu(ctx)] == ["warning"]
+    ctx.device = "auto"
+    expected = "warning" if glob.glob("/dev/nvidia[0-9]*") else "info"
+    assert [f.severity for f in check_gpu(ctx)] == [expected]
