@@ -8,7 +8,7 @@ import multiprocessing as mp
 import pytest
 from bench_fakes import make_record
 
-from dflash.bench.store import Store, baseline_key
+from dflash.bench.store import BenchInputError, Store, baseline_key
 
 
 def test_records_are_never_overwritten(tmp_path):
@@ -41,7 +41,7 @@ def test_find_by_prefix_and_missing(tmp_path):
     path = store.add(rec)
     assert store.find(rec["id"][:20])["id"] == rec["id"]
     assert store.find(str(path))["id"] == rec["id"]
-    with pytest.raises(KeyError):
+    with pytest.raises(BenchInputError, match="nope: no such file, and no record id"):
         store.find("nope")
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from dflash.bench.compare import ALPHA, Comparison, compare
-from dflash.bench.store import STORE_ENV, Store, baseline_key
+from dflash.bench.store import STORE_ENV, BenchInputError, Store, baseline_key
 from dflash.bench.workloads import WORKLOADS
 
 RECORD_MARKER = "DFLASH_BENCH_RECORD:"
@@ -37,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--image", help="run inside this image (e.g. dflash:cu128)")
     run.add_argument("--engine", default="auto", choices=("auto", "docker", "buildah"))
     run.add_argument("--no-auto-accept", action="store_true", help="never auto-accept")
+    run.add_argument(
+        "--no-paired",
+        action="store_true",
+        help="compare with the stored baseline numbers only (faster, weaker: another hour's "
+        "load) instead of measuring the baseline's environment beside this one",
+    )
     run.add_argument("--alpha", type=float, default=ALPHA, help="significance level")
     run.add_argument("--min-effect", type=float, help="e.g. 0.05 = 5%% (default: the workload's)")
     run.add_argument("--json-out", help="also write the record to this file")
@@ -62,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hist.add_argument("--out", help="output directory (default: STORE/report)")
     hist.add_argument("--store", help=store_help)
 
+    wk = sub.add_parser("worker", help="one repeat in this process (used by `run`)")
+    wk.add_argument("spec", help="workload definition (JSON file)")
+    wk.add_argument("out", help="where to write the repeat's result (JSON)")
+
     ls = sub.add_parser("list", help="list stored records")
     ls.add_argument("--workload")
     ls.add_argument("--store", help=store_help)
@@ -72,19 +83,60 @@ def _log(msg: str) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the workload here (this interpreter) and build its record."""
+    """Run the workload here and build its record: paired with the accepted baseline's
+    environment when it can be rebuilt (the default verdict), else alone."""
+    from dflash.bench.envs import BenchEnv
     from dflash.bench.hardware import hardware_fingerprint
+    from dflash.bench.lockenv import save_lock
     from dflash.bench.record import build_record, collect_environment
-    from dflash.bench.runner import run_repeats, summarize
+    from dflash.bench.runner import run_pairs, run_repeats, summarize
     from dflash.bench.workloads import get_workload
 
     w = get_workload(args.workload)
     if args.repeats:
         w = w.with_changes(repeats=args.repeats)
+    store = Store(args.store)
     env = collect_environment(_log)
+    env["lock"] = save_lock(store.root, env["doctor"].get("lock"))
+    hw = hardware_fingerprint()
+    key = baseline_key({"workload": {"name": w.name}, "environment": env, "hardware": hw})
+    base_env, why = baseline_environment(store, store.baseline(key), args)
     _log(f"dflash bench: {w.name} ({w.topology}), {w.repeats} repeats x {w.steps} steps")
-    repeats = run_repeats(w, _log)
-    return build_record(w, repeats, summarize(w, repeats), hardware_fingerprint(), env)
+    if base_env is None:
+        _log(f"  no paired baseline: {why}")
+        repeats = run_repeats(w, _log)
+        rec = build_record(w, repeats, summarize(w, repeats), hw, env)
+        rec["paired"] = {"available": False, "reason": why}
+        return rec
+    _log(f"  paired with the baseline environment ({base_env.origin}), order alternating")
+    cand, base = run_pairs(w, BenchEnv.current(), base_env, _log)
+    rec = build_record(w, cand, summarize(w, cand), hw, env)
+    rec["paired"] = {
+        "available": True,
+        "env": base_env.describe(),
+        "repeats": base,
+        "summary": summarize(w, base),
+    }
+    return rec
+
+
+def baseline_environment(store: Store, base: dict[str, Any] | None, args) -> tuple[Any, str]:
+    """(BenchEnv of the accepted baseline's environment, "") or (None, why not)."""
+    from dflash.bench.lockenv import LockEnvError, lock_env
+
+    if args.no_paired:
+        return None, "--no-paired"
+    if args.emit:
+        return None, "the in-image half of an image run (the host pairs images)"
+    if base is None:
+        return None, "no accepted baseline yet"
+    lock = base["environment"].get("lock")
+    if not lock:
+        return None, f"baseline {base['id']} stored no lock (recorded before paired runs)"
+    try:
+        return lock_env(store.root, lock["sha256"], base["environment"].get("variant"), _log), ""
+    except LockEnvError as exc:
+        return None, str(exc)
 
 
 def verdict_for(store: Store, rec: dict[str, Any], args) -> tuple[Comparison | None, Any]:
@@ -182,16 +234,36 @@ def do_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Flag values that would fail later, named now."""
+    if getattr(args, "repeats", None) is not None and args.repeats < 2:
+        raise BenchInputError(f"--repeats {args.repeats}: at least 2 (a verdict needs pairs)")
+    alpha = getattr(args, "alpha", None)
+    if alpha is not None and not 0.0 < alpha < 1.0:
+        raise BenchInputError(f"--alpha {alpha}: a significance level in (0, 1), e.g. 0.05")
+    eff = getattr(args, "min_effect", None)
+    if eff is not None and not 0.0 <= eff < 1.0:
+        raise BenchInputError(f"--min-effect {eff}: a fraction in [0, 1), e.g. 0.05 for 5%")
+    store = getattr(args, "store", None)
+    if store and Path(store).exists() and not Path(store).is_dir():
+        raise BenchInputError(f"--store {store}: not a directory")
+
+
 def run(args: argparse.Namespace) -> int:
     from dflash.bench.runner import RepeatFailed
 
     try:
+        check_args(args)
         if args.action == "run":
             return do_run(args)
         if args.action == "accept":
             return do_accept(args)
         if args.action == "compare":
             return do_compare(args)
+        if args.action == "worker":
+            from dflash.bench.worker import main as worker_main
+
+            return worker_main([args.spec, args.out])
         if args.action == "history":
             from dflash.bench.history import write_history
 
@@ -200,6 +272,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {md} and {png}")
             return 0
         return do_list(args)
-    except (RepeatFailed, KeyError, OSError, RuntimeError) as exc:
+    except BenchInputError as exc:
+        print(f"dflash bench {args.action}: {exc}", file=sys.stderr)
+        return 2
+    except KeyError as exc:  # a name that is not there: say which, not just its repr
+        print(f"dflash bench {args.action}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    except (RepeatFailed, OSError, RuntimeError) as exc:
         print(f"dflash bench {args.action}: {exc}", file=sys.stderr)
         return 2

@@ -2,10 +2,19 @@
 
 Refusal comes first: a different workload hash, topology, hardware key, CUDA variant
 or metric means the numbers measure different things, and the answer is the reason,
-not a ratio. Otherwise (asv's rule): a change is real when the one-sided Mann-Whitney
-U test on per-repeat throughput is significant AND the Hodges-Lehmann ratio is beyond
-the minimum effect. Either alone is not enough: with many samples tiny drifts become
-significant, and with few samples large ratios can be noise.
+not a ratio. Otherwise (asv's rule) a change is real when a one-sided test is
+significant AND the ratio is beyond the minimum effect. Either alone is not enough:
+with many samples tiny drifts become significant, and with few samples large ratios
+can be noise.
+
+Two verdicts, the stronger one decides:
+- paired (paired.py), when the run measured the baseline's environment beside the
+  candidate: Wilcoxon signed-rank on the within-pair log ratios. Same hour, same load.
+- stored: the run's samples against the numbers stored in the baseline record
+  (Mann-Whitney U, Hodges-Lehmann ratio). Another hour's load is in that difference,
+  so it is the weaker verdict: used only when no baseline environment could be run,
+  and always reported beside the paired one (it also sees code changes, which the
+  paired verdict by construction does not: both sides run this checkout).
 """
 
 from __future__ import annotations
@@ -32,6 +41,10 @@ class Comparison:
     machine_speed: float | None = None  # reference time baseline / now (>1: host faster)
     uncorrected_ratio: float | None = None  # the same ratio without the correction
     stages: list[dict[str, Any]] = field(default_factory=list)
+    method: str = "stored"  # "paired" | "stored": which verdict decided
+    paired: dict[str, Any] | None = None  # PairedResult.to_dict()
+    stored_verdict: str | None = None  # the stored-number verdict, for comparison
+    stored_ratio: float | None = None
     baseline_id: str | None = None
     current_id: str | None = None
     alpha: float = ALPHA
@@ -53,6 +66,10 @@ class Comparison:
             "machine_speed": self.machine_speed,
             "uncorrected_ratio": self.uncorrected_ratio,
             "stages": self.stages,
+            "method": self.method,
+            "paired": self.paired,
+            "stored_verdict": self.stored_verdict,
+            "stored_ratio": self.stored_ratio,
             "baseline_id": self.baseline_id,
             "alpha": self.alpha,
             "min_effect": self.min_effect,
@@ -162,4 +179,38 @@ def compare(
         out.verdict = "improvement"
     else:
         out.verdict = "pass"
+    out.stored_verdict, out.stored_ratio = out.verdict, out.ratio
+    paired = cur.get("paired") or {}
+    if paired.get("available"):
+        _apply_paired(out, paired, cur, alpha, min_effect)
     return out
+
+
+def paired_samples(summary: dict[str, Any]) -> list[float]:
+    """The paired verdict's samples: uncorrected tok/cpu-s where the workload has a
+    machine-speed reference. Within a pair the host's speed already cancels, and the
+    correction would only add the reference's own noise (docs/bench.md, paired runs)."""
+    return summary.get("uncorrected_samples") or summary["samples"]
+
+
+def _apply_paired(
+    out: Comparison, paired: dict[str, Any], cur: dict[str, Any], alpha: float, min_effect: float
+) -> None:
+    """The paired verdict decides; stages and host speed against the baseline measured
+    in this run, not the stored one."""
+    from dflash.bench.paired import paired_verdict
+
+    beside = {"summary": paired["summary"]}
+    pr = paired_verdict(
+        paired_samples(cur["summary"]), paired_samples(beside["summary"]), alpha, min_effect
+    )
+    out.method, out.paired, out.verdict = "paired", pr.to_dict(), pr.verdict
+    out.ratio, out.ci, out.confidence = pr.ratio, pr.ci, pr.confidence
+    out.p_slower, out.p_faster = pr.p_slower, pr.p_faster
+    out.stages = stage_changes(beside, cur)
+    out.machine_speed = machine_speed(beside, cur)
+    if beside["summary"].get("uncorrected_samples"):  # then the verdict's samples are raw:
+        out.uncorrected_ratio = pr.ratio  # say what the corrected ones would have given
+        out.paired["corrected_ratio"] = paired_verdict(
+            cur["summary"]["samples"], beside["summary"]["samples"], alpha, min_effect
+        ).ratio

@@ -20,7 +20,7 @@ def run_summary(rec: dict[str, Any]) -> list[str]:
         f"throughput: median {s['median']:,.0f} {s['unit']} over {len(s['samples'])} repeats "
         f"[{samples}]",
         f"wall-clock tok/s per repeat: {', '.join(f'{v:,.0f}' for v in s['wall_tok_per_s'])}",
-        f"per repeat: import {s['import_s']:.1f} s, build {s['build_s']:.1f} s, first step "
+        f"per repeat: start-up {s.get('startup_s', 0.0):.1f} s, import {s['import_s']:.1f} s, build {s['build_s']:.1f} s, first step "
         f"{s['first_step_s']:.2f} s (compile/lazy init ~{s['compile_s']:.2f} s), warm-up "
         f"{s['warmup_s']:.2f} s, steady step {s['step_s'] * 1e3:.1f} ms",
         "stages (median ms/step): "
@@ -31,6 +31,13 @@ def run_summary(rec: dict[str, Any]) -> list[str]:
         ref = ", ".join(f"{v * 1e3:.2f}" for v in s["reference_s"])
         lines.insert(3, f"uncorrected tok/cpu-s per repeat: {raw}")
         lines.insert(4, f"reference kernel ms per repeat (host speed): {ref}")
+    paired = rec.get("paired") or {}
+    if paired.get("available"):
+        ps = paired["summary"]
+        lines.append(
+            f"baseline environment beside it ({paired['env']['origin']}): median "
+            f"{ps['median']:,.0f} {ps['unit']} [{', '.join(f'{v:,.0f}' for v in ps['samples'])}]"
+        )
     if s.get("pipeline_efficiency") is not None:
         lines.append(f"pipeline efficiency: {s['pipeline_efficiency']:.1%}")
     return lines
@@ -46,13 +53,39 @@ def comparison_lines(base: dict[str, Any], cur: dict[str, Any], c: Comparison) -
         ]
     assert c.ratio is not None and c.ci is not None
     pct = (c.ratio - 1.0) * 100
-    lines = [
-        f"{c.verdict.upper()}: {c.ratio:.3f}x the {head} ({pct:+.1f}%), "
-        f"{c.confidence:.0%} CI [{c.ci[0]:.3f}, {c.ci[1]:.3f}], "
-        f"Mann-Whitney p(slower)={c.p_slower:.4f} p(faster)={c.p_faster:.4f} "
-        f"(alpha {c.alpha}, minimum effect {c.min_effect:.0%})",
-    ]
-    if c.machine_speed is not None and c.uncorrected_ratio is not None:
+    if c.method == "paired" and c.paired:
+        pairs = ", ".join(f"{r:.3f}" for r in c.paired["ratios"])
+        lines = [
+            f"{c.verdict.upper()}: {c.ratio:.3f}x the baseline's environment measured beside "
+            f"this one ({pct:+.1f}%, {c.paired['pairs']} pairs), {c.confidence:.0%} CI "
+            f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}], Wilcoxon p(slower)={c.p_slower:.4f} "
+            f"p(faster)={c.p_faster:.4f} (alpha {c.alpha}, minimum effect {c.min_effect:.0%})",
+            f"per-pair ratios (candidate/baseline): {pairs}",
+            f"stored numbers of {head} (weaker verdict, another hour's load): "
+            f"{c.stored_ratio:.3f}x, {c.stored_verdict}",
+        ]
+        if c.stored_verdict == "regression" and c.verdict != "regression":
+            lines.append(
+                "  the stored numbers are slower but the baseline's environment is not: the "
+                "host (load) or the code changed since, not the environment"
+            )
+    else:
+        lines = [
+            f"{c.verdict.upper()}: {c.ratio:.3f}x the {head} ({pct:+.1f}%), "
+            f"{c.confidence:.0%} CI [{c.ci[0]:.3f}, {c.ci[1]:.3f}], "
+            f"Mann-Whitney p(slower)={c.p_slower:.4f} p(faster)={c.p_faster:.4f} "
+            f"(alpha {c.alpha}, minimum effect {c.min_effect:.0%})",
+            "  (stored-number verdict: the weaker one, another hour's load is in it; "
+            + (cur.get("paired") or {}).get("reason", "no baseline environment was run")
+            + ")",
+        ]
+    if c.method == "paired" and c.paired and c.paired.get("corrected_ratio") is not None:
+        lines.append(
+            f"paired samples: uncorrected tok/cpu-s (the host's speed cancels within a pair); "
+            f"host speed {c.machine_speed:.3f}x the paired baseline's, host-corrected ratio "
+            f"{c.paired['corrected_ratio']:.3f}x"
+        )
+    elif c.machine_speed is not None and c.uncorrected_ratio is not None:
         lines.append(
             f"host speed (reference kernel) {c.machine_speed:.3f}x the baseline's; "
             f"uncorrected tok/cpu-s ratio {c.uncorrected_ratio:.3f}x"

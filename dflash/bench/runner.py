@@ -6,90 +6,126 @@ comparison's samples are one number per repeat (the workload's sample_quantile o
 its steady steps' throughput), so step-to-step correlation inside a process cannot
 inflate the significance.
 
-Repeats are forked from a forkserver that has imported torch and transformers once
-(~4-10 s on a loaded 2-core host, more than the repeat itself); that server never
-runs a tensor op, so no thread pool or allocator state exists before the fork.
+Each repeat is a new interpreter of the environment, started the way `dflash train`
+starts (envs.py): its start-up and import time are measured and reported apart from
+the steady state. `run_pairs` measures two environments interleaved, A and B back to
+back in each pair, the order alternating, for the paired verdict (paired.py).
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
+import math
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dflash.bench.envs import BenchEnv, run_worker
 from dflash.bench.stats import median
 from dflash.bench.workloads import Workload
 
 REPEAT_TIMEOUT_S = 1800.0
+# Stop a paired run early when the verdict cannot change: after DECISIVE_PAIRS pairs
+# that all differ by more than 2x in the same direction (a busy thread that holds the
+# GIL made `dflash train` 70x slower: 10 such pairs would take an hour). Six pairs of
+# one sign already give the exact Wilcoxon p = 1/64.
+DECISIVE_PAIRS = 6
+DECISIVE_FACTOR = 2.0
 
 
 class RepeatFailed(RuntimeError):
     pass
 
 
-def _repeat_entry(spec_path: str, out_path: str) -> None:
-    from dflash.bench.worker import main
+def run_one(
+    w: Workload, env: BenchEnv, spec: Path, tmp: Path, index: int, log: Callable[[str], object]
+) -> dict[str, Any]:
+    """One repeat of `w` in a fresh process of `env`; its result with timings."""
+    out = tmp / f"{env.label}-repeat{index}.json"
+    t0 = time.perf_counter()
+    try:
+        code = run_worker(env, spec, out, REPEAT_TIMEOUT_S)
+    except OSError as exc:
+        raise RepeatFailed(f"{env.label} repeat {index}: cannot start {env.python}: {exc}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise RepeatFailed(
+            f"{env.label} repeat {index} did not finish in {REPEAT_TIMEOUT_S:.0f} s"
+        ) from exc
+    if code != 0 or not out.exists():
+        raise RepeatFailed(
+            f"{env.label} repeat {index} ({env.python}) exited with {code} (traceback above)"
+        )
+    res = json.loads(out.read_text())
+    res.update(repeat=index, process_s=time.perf_counter() - t0, env=env.label)
+    value = repeat_sample(w, res["steps"])
+    extra = ""
+    if w.reference:
+        raw = repeat_sample(w, res["steps"], "tok_per_cpu_s")
+        ref_ms = median([s["ref_s"] for s in res["steps"]]) * 1e3
+        extra = f" = {raw:,.0f} tok/cpu-s x reference {ref_ms:.2f} ms"
+    log(
+        f"  {env.label} repeat {index + 1}: {value:,.0f} {w.unit}{extra} "
+        f"(start-up {res['startup_s']:.1f} s, import {res['import_s']:.1f} s, "
+        f"build {res['build_s']:.1f} s, first step {res['first_step_s']:.2f} s, "
+        f"process {res['process_s']:.1f} s)"
+    )
+    return res
 
-    main([spec_path, out_path])
 
-
-def run_repeats(w: Workload, log: Callable[[str], object] = print) -> list[dict[str, Any]]:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["dflash.bench.preload"])
-    results = []
+def run_repeats(
+    w: Workload, log: Callable[[str], object] = print, env: BenchEnv | None = None
+) -> list[dict[str, Any]]:
+    """`w.repeats` repeats in one environment (default: this interpreter's)."""
+    env = env or BenchEnv.current()
     with tempfile.TemporaryDirectory(prefix="dflash-bench-") as tmp:
         spec = Path(tmp) / "workload.json"
         spec.write_text(json.dumps(w.definition()))
-        import_s = _preload_time(ctx, Path(tmp) / "import.json")
-        for i in range(w.repeats):
-            out = Path(tmp) / f"repeat{i}.json"
-            t0 = time.perf_counter()
-            proc = ctx.Process(target=_repeat_entry, args=(str(spec), str(out)))
-            proc.start()
-            proc.join(REPEAT_TIMEOUT_S)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-                raise RepeatFailed(f"repeat {i} did not finish in {REPEAT_TIMEOUT_S:.0f} s")
-            if proc.exitcode != 0 or not out.exists():
-                raise RepeatFailed(f"repeat {i} exited with {proc.exitcode} (traceback above)")
-            res = json.loads(out.read_text())
-            res.update(repeat=i, process_s=time.perf_counter() - t0, import_s=import_s)
-            results.append(res)
-            value = repeat_sample(w, res["steps"])
-            extra = ""
-            if w.reference:
-                raw = repeat_sample(w, res["steps"], "tok_per_cpu_s")
-                ref_ms = median([s["ref_s"] for s in res["steps"]]) * 1e3
-                extra = f" = {raw:,.0f} tok/cpu-s x reference {ref_ms:.2f} ms"
-            log(
-                f"  repeat {i + 1}/{w.repeats}: {value:,.0f} {w.unit}{extra} "
-                f"(build {res['build_s']:.1f} s, first step {res['first_step_s']:.2f} s, "
-                f"process {res['process_s']:.1f} s)"
-            )
-    return results
+        return [run_one(w, env, spec, Path(tmp), i, log) for i in range(w.repeats)]
 
 
-def _import_probe(out_path: str) -> None:
-    from dflash.bench.preload import IMPORT_S
+def run_pairs(
+    w: Workload,
+    candidate: BenchEnv,
+    baseline: BenchEnv,
+    log: Callable[[str], object] = print,
+    pairs: int | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`pairs` (default w.repeats) pairs, each a candidate and a baseline repeat back to
+    back; the order alternates (candidate first in even pairs) so that a drift of the
+    host within a pair favours neither side. Returns (candidate, baseline) repeats."""
+    n = pairs or w.repeats
+    cand, base = [], []
+    with tempfile.TemporaryDirectory(prefix="dflash-bench-") as tmp:
+        spec = Path(tmp) / "workload.json"
+        spec.write_text(json.dumps(w.definition()))
+        for i in range(n):
+            order = (candidate, baseline) if i % 2 == 0 else (baseline, candidate)
+            got = {e.label: run_one(w, e, spec, Path(tmp), i, log) for e in order}
+            cand.append(got[candidate.label])
+            base.append(got[baseline.label])
+            ratios = [
+                repeat_sample(w, c["steps"]) / repeat_sample(w, b["steps"])
+                for c, b in zip(cand, base, strict=True)
+            ]
+            log(f"  pair {i + 1}/{n}: candidate/baseline {ratios[-1]:.3f}x")
+            if decisive(ratios) and i + 1 < n:
+                log(
+                    f"  stopping after {i + 1} pairs: every pair differs by more than "
+                    f"{DECISIVE_FACTOR:g}x in the same direction"
+                )
+                break
+    return cand, base
 
-    Path(out_path).write_text(json.dumps(IMPORT_S))
 
-
-def _preload_time(ctx, out: Path) -> float:
-    """Start the forkserver (it imports the preload) and read how long that took."""
-    proc = ctx.Process(target=_import_probe, args=(str(out),))
-    proc.start()
-    proc.join(REPEAT_TIMEOUT_S)
-    if proc.exitcode != 0:
-        raise RepeatFailed(
-            f"the repeat server failed to import torch/transformers ({proc.exitcode})"
-        )
-    return float(json.loads(out.read_text()))
+def decisive(ratios: list[float]) -> bool:
+    if len(ratios) < DECISIVE_PAIRS:
+        return False
+    limit = math.log(DECISIVE_FACTOR)
+    logs = [math.log(r) for r in ratios]
+    return all(v < -limit for v in logs) or all(v > limit for v in logs)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -122,6 +158,7 @@ def summarize(w: Workload, repeats: list[dict[str, Any]]) -> dict[str, Any]:
         "median": median([repeat_sample(w, r["steps"]) for r in repeats]),
         "step_s": steady,
         "stages_s": {k: median([s["stages"].get(k, 0.0) for s in steps]) for k in stage_names},
+        "startup_s": median([r.get("startup_s", 0.0) for r in repeats]),
         "import_s": median([r["import_s"] for r in repeats]),
         "build_s": median([r["build_s"] for r in repeats]),
         "first_step_s": median([r["first_step_s"] for r in repeats]),

@@ -25,6 +25,48 @@ from pathlib import Path
 from typing import Any
 
 STORE_ENV = "DFLASH_BENCH_STORE"
+# What every comparison and report reads from a record: checked on load, so a wrong
+# file is named with what it lacks instead of failing later with a bare KeyError.
+REQUIRED = {
+    "workload": ("name", "hash", "topology", "definition"),
+    "hardware": ("key",),
+    "environment": ("key", "variant"),
+    "summary": ("metric", "unit", "samples", "median", "stages_s", "step_s"),
+}
+
+
+class BenchInputError(ValueError):
+    """A file or reference given to `dflash bench` that is not what it must be."""
+
+
+def check_record(data: Any, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise BenchInputError(f"{where}: not a bench record (a JSON object is expected)")
+    missing = [k for k in REQUIRED if not isinstance(data.get(k), dict)]
+    missing += [
+        f"{k}.{f}" for k, fields in REQUIRED.items() if k not in missing for f in fields
+        if f not in data[k]
+    ]  # fmt: skip
+    if missing:
+        raise BenchInputError(
+            f"{where}: not a bench record (missing {', '.join(missing)}); records are "
+            "written by `dflash bench run` (--json-out FILE for a copy)"
+        )
+    if not data["summary"]["samples"]:
+        raise BenchInputError(f"{where}: bench record without samples")
+    return data
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BenchInputError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BenchInputError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from exc
+    return check_record(data, str(path))
 
 
 def default_root() -> Path:
@@ -98,25 +140,39 @@ class Store:
     def records(self, workload: str | None = None) -> list[dict[str, Any]]:
         base = self.root / "records"
         pattern = f"{workload}/*.json" if workload else "*/*.json"
-        out = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(base.glob(pattern))]
+        out = [load_record(p) for p in sorted(base.glob(pattern))]
         return sorted(out, key=lambda r: (r.get("time_unix", 0), r.get("id", "")))
 
     def find(self, ref: str) -> dict[str, Any]:
         """A record by id, id prefix or file path."""
         p = Path(ref)
-        if p.suffix == ".json" and p.exists():
-            return json.loads(p.read_text(encoding="utf-8"))
-        hits = list((self.root / "records").glob(f"*/{ref}*.json"))
-        if len(hits) != 1:
-            raise KeyError(f"{len(hits)} records match {ref!r} in {self.root}")
-        return json.loads(hits[0].read_text(encoding="utf-8"))
+        if p.is_file() or p.suffix == ".json" or os.sep in ref:
+            return load_record(p)
+        hits = sorted((self.root / "records").glob(f"*/{ref}*.json"))
+        if not hits:
+            raise BenchInputError(
+                f"{ref}: no such file, and no record id starting with it in {self.root} "
+                "(`dflash bench list` shows the ids)"
+            )
+        if len(hits) > 1:
+            raise BenchInputError(
+                f"{ref}: {len(hits)} records match this id prefix in {self.root}: "
+                + ", ".join(h.stem for h in hits[:5])
+            )
+        return load_record(hits[0])
 
     def baseline(self, key: str) -> dict[str, Any] | None:
         ptr = self.root / "baselines" / f"{key}.json"
         if not ptr.exists():
             return None
-        meta = json.loads(ptr.read_text(encoding="utf-8"))
-        record = self.find(meta["record"])
+        try:
+            meta = json.loads(ptr.read_text(encoding="utf-8"))
+            rid = meta["record"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise BenchInputError(
+                f"{ptr}: baseline pointer unreadable ({exc}); `dflash bench accept` rewrites it"
+            ) from exc
+        record = self.find(rid)
         record["_baseline"] = meta
         return record
 

@@ -1,4 +1,6 @@
-"""One benchmark repeat, in its own process: `python -m dflash.bench.worker SPEC OUT`.
+"""One benchmark repeat, in its own process: `dflash bench worker SPEC OUT` (or
+`python -m dflash.bench.worker SPEC OUT`), a fresh interpreter of the environment
+under test, started by runner.py through envs.py.
 
 Times, separately: imports, building the models, the first step (lazy init and
 torch.compile), the remaining warm-up steps, then the steady-state steps that the
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dflash.bench.envs import SPAWN_TIME_ENV
 from dflash.bench.reference import Reference, corrected
 
 # Variables that change CPU/GPU speed without changing an installed file: the
@@ -36,6 +39,7 @@ from dflash.bench.reference import Reference, corrected
 from dflash.envcheck.probe import VAR_PREFIXES as SETTING_PREFIXES
 
 _T0 = time.perf_counter()
+_T0_WALL = time.time()
 STAGES = ("data", "transfer", "target", "anchors", "drafter_fwd", "drafter_bwd", "optimizer")
 
 
@@ -76,8 +80,17 @@ class StageClock:
         return out
 
 
+MIN_STEADY_STEPS = 5  # a steady phase cut short by its budget still has this many
+
+
 def run_steps(
-    p, n: int, first_index: int, clock: StageClock, reference=None, power: float = 1.0
+    p,
+    n: int,
+    first_index: int,
+    clock: StageClock,
+    reference=None,
+    power: float = 1.0,
+    budget_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     import contextlib
 
@@ -94,7 +107,10 @@ def run_steps(
         else contextlib.nullcontext
     )
     out = []
+    started = time.perf_counter()
     for i in range(first_index, first_index + n):
+        if budget_s and len(out) >= MIN_STEADY_STEPS and time.perf_counter() - started > budget_s:
+            break
         t0, c0 = time.perf_counter(), time.process_time()
         clock.start()
         host = next(p.stream)
@@ -174,7 +190,7 @@ def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     if w.reference:
         ref = Reference()
         ref.run()  # its own warm-up: first-touch of the destination buffer
-    steady = run_steps(p, w.steps, w.warmup_steps, clock, ref, w.reference_power)
+    steady = run_steps(p, w.steps, w.warmup_steps, clock, ref, w.reference_power, w.steady_budget_s)
     return {
         "pid": os.getpid(),
         "import_s": t_import - _T0,
@@ -193,10 +209,19 @@ def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     }
 
 
+def startup_s(environ: dict[str, str] | None = None) -> float:
+    """Seconds from the runner's spawn to this module's import: interpreter start-up,
+    site hooks (.pth files, sitecustomize) and the entry point's own imports."""
+    env = os.environ if environ is None else environ
+    spawned = env.get(SPAWN_TIME_ENV)
+    return max(0.0, _T0_WALL - float(spawned)) if spawned else 0.0
+
+
 def main(argv: list[str]) -> int:
     spec_path, out_path = argv
     spec = json.loads(Path(spec_path).read_text())
     result = run_repeat(spec, str(Path(out_path).parent / "scratch"))
+    result["startup_s"] = startup_s()
     tmp = Path(out_path + ".tmp")
     tmp.write_text(json.dumps(result))
     tmp.replace(out_path)  # the runner never reads half a file

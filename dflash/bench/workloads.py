@@ -33,7 +33,8 @@ QWEN3_8B_TARGET: dict[str, Any] = dict(
 )
 
 
-POLICY_FIELDS = ("repeats", "min_effect")  # may differ between comparable records
+# May differ between comparable records: how many samples, when to stop, what counts.
+POLICY_FIELDS = ("repeats", "min_effect", "steady_budget_s")
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class Workload:
     # Smallest ratio change that counts (with significance) as a regression: a policy,
     # not part of what is measured, so outside the hash like `repeats`.
     min_effect: float = 0.05
+    # Wall seconds after which a repeat ends its steady phase early (once it has
+    # MIN_STEADY_STEPS): a sample is a quantile of steps, so fewer steps estimate the
+    # same number. Bounds a run on a catastrophically slow environment (0 = no bound).
+    steady_budget_s: float = 0.0
     min_doc_len: int = 64
     max_doc_len: int = 512
     seed: int = 0
@@ -159,6 +164,7 @@ _TINY_CPU = Workload(
     reference_power=2.0,
     sample_quantile=0.5,
     min_effect=0.07,
+    steady_budget_s=60.0,  # ~3 s normally; a GIL-holding thread made steps 70x slower
     min_doc_len=32,
     max_doc_len=192,
     notes="tiny Qwen3 target (hidden 64), 2-layer drafter, one thread, host-speed corrected",
