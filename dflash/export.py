@@ -105,6 +105,22 @@ def _scaling_of(params: dict[str, Any]) -> dict[str, Any] | None:
     return {k: v for k, v in params.items() if k != "rope_theta"}
 
 
+def legacy_rope_keys(config) -> dict[str, Any]:
+    """`rope_theta` and `rope_scaling` (transformers 4) for a Qwen3Config's rope_parameters:
+    written next to them in any config.json we save, target or drafter."""
+    params = dict(config.rope_parameters)
+    return {"rope_theta": params["rope_theta"], "rope_scaling": _scaling_of(params)}
+
+
+def add_legacy_rope_keys(config, directory: str | Path) -> Path:
+    """Add `legacy_rope_keys` to the config.json transformers 5 wrote into `directory`."""
+    path = Path(directory) / CONFIG_NAME
+    raw = json.loads(path.read_text())
+    raw.update(legacy_rope_keys(config))
+    path.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    return path
+
+
 def _legacy_types(n: int, use_sw: bool, window: int | None, mwl: int) -> list[str]:
     # The rule both Qwen3Config generations apply when layer_types is absent.
     return [SLIDING if use_sw and window is not None and i >= mwl else FULL for i in range(n)]

@@ -145,3 +145,73 @@ def test_the_readers_can_tell_the_difference(readings):
     """Without the legacy keys 4.57.1 builds RoPE base 10000: the check above can fail."""
     assert_close(readings["4.57.1"]["plain-v5"]["inv_freq"], default_inv_freq(1e4, 128))
     assert_close(readings["locked"]["plain-v5"]["inv_freq"], default_inv_freq(1e6, 128))
+
+
+TARGET_READER = r"""
+import json, sys
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+d = sys.argv[1]
+tok = AutoTokenizer.from_pretrained(d, local_files_only=True)
+model = AutoModelForCausalLM.from_pretrained(d, local_files_only=True, dtype=torch.float32)
+cfg = AutoConfig.from_pretrained(d, local_files_only=True)
+messages = [{"role": "user", "content": "def total(values):"}]
+text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+ids = tok(text, add_special_tokens=False)["input_ids"]
+with torch.no_grad():
+    out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
+print(json.dumps({
+    "tokenizer": type(tok).__name__,
+    "len": len(tok),
+    "special": sorted(tok.all_special_tokens),
+    "prompt_ids": ids,
+    "generated": out[0].tolist(),
+    "decoded": tok.decode(out[0].tolist(), skip_special_tokens=True),
+    "rope_base": float(model.model.rotary_emb.inv_freq[1].double() ** (-cfg.head_dim / 2)),
+    "vocab_size": cfg.vocab_size,
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def demo_target(tmp_path_factory):
+    """A demo-style target directory, as `dflash demo` writes it (tiny and fast)."""
+    from dflash.demo.target import build_target
+
+    corpus = [
+        {"prompt": f"What is {a} plus {b}?", "response": f"{a} plus {b} is {a + b}."}
+        for a in range(8)
+        for b in range(4)
+    ]
+    out = tmp_path_factory.mktemp("demo") / "target"
+    build_target(
+        out,
+        corpus,
+        vocab_size=300,
+        hidden=32,
+        layers=2,
+        steps=3,
+        batch=2,
+        seq_len=32,
+        lr=1e-3,
+        seed=0,
+    )
+    return out
+
+
+@pytest.mark.slow
+def test_demo_target_loads_in_transformers_4_57(demo_target):
+    """4.57.1 loads tokenizer and model and decodes exactly what the locked version does."""
+    assert json.loads((demo_target / "config.json").read_text())["rope_theta"] == 10000.0
+    got = {}
+    for version in ("4.57.1", locked_transformers()):
+        python = isolated_python(f"transformers-{version}", [f"transformers=={version}", TORCH])
+        got[version] = run_json(python, TARGET_READER, str(demo_target))
+    old, new = got["4.57.1"], got[locked_transformers()]
+    assert old["tokenizer"] == "PreTrainedTokenizerFast"
+    assert old["special"] == ["<|endoftext|>", "<|im_end|>", "<|im_start|>"]
+    for k in ("len", "special", "prompt_ids", "generated", "decoded", "vocab_size"):
+        assert old[k] == new[k], k
+    assert len(old["generated"]) > len(old["prompt_ids"])
+    assert old["rope_base"] == pytest.approx(10000.0, rel=1e-5)

@@ -10,7 +10,9 @@ embedding rows up to a multiple of 64 always has padded rows beyond the tokenize
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
@@ -168,3 +170,24 @@ def wrap_chatml(tok: Tokenizer) -> PreTrainedTokenizerFast:
     )
     hf.chat_template = CHAT_TEMPLATE
     return hf
+
+
+def save_tokenizer(tok: PreTrainedTokenizerFast, out_dir: str | Path) -> None:
+    """`save_pretrained`, with a tokenizer_config.json that transformers 4.57 loads too.
+
+    transformers 5 names the class `TokenizersBackend` (unknown to 4.x) and writes the
+    extra special tokens as a list under `extra_special_tokens`, which 4.x reads as a
+    name -> token dict and fails on. `PreTrainedTokenizerFast` is a class both
+    generations know (5.x keeps it as the name of the same backend), and
+    `additional_special_tokens` is the spelling both read as a list.
+    """
+    tok.save_pretrained(out_dir)
+    path = Path(out_dir) / "tokenizer_config.json"
+    conf = json.loads(path.read_text())
+    conf["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = conf.pop("extra_special_tokens", None)
+    if isinstance(extra, dict):  # 4.x's named form: both generations read it
+        conf["extra_special_tokens"] = extra
+    elif extra:
+        conf["additional_special_tokens"] = list(extra)
+    path.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")

@@ -2,7 +2,8 @@
 
 The result is an ordinary HF directory (config.json, model.safetensors, tokenizer
 files with a ChatML chat_template, generation_config.json), loadable with
-`AutoModelForCausalLM/AutoTokenizer.from_pretrained(dir, local_files_only=True)`,
+`AutoModelForCausalLM/AutoTokenizer.from_pretrained(dir, local_files_only=True)` by
+transformers 5 and 4.57 alike (legacy rope keys, a tokenizer class both know),
 so every later stage (regen, train, eval) treats it exactly like a downloaded target.
 """
 
@@ -15,7 +16,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dflash.data.tokenizer import IM_END, SPECIAL_TOKENS, wrap_chatml
+from dflash.data.tokenizer import IM_END, SPECIAL_TOKENS, save_tokenizer, wrap_chatml
+from dflash.export import add_legacy_rope_keys
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -135,5 +137,6 @@ def build_target(
         eos_token_id=eos, pad_token_id=tok.pad_token_id, do_sample=False
     )
     model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
+    add_legacy_rope_keys(model.config, out_dir)  # transformers 4.x reads rope_theta only
+    save_tokenizer(tok, out_dir)
     return log
