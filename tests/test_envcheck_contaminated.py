@@ -179,6 +179,9 @@ def test_files_changed_in_place(small, cache_root):
     assert mod["details"]["files"] == ["idna/core.py"]
     (mod,) = find(audit(venv, fresh, "--verify"), "FILE_MODIFIED", package="idna")
     assert mod["details"]["files"] == ["idna/codec.py", "idna/core.py"]
+    # a baseline taken of a modified distribution never blesses its bad file
+    (mod,) = find(audit(venv, fresh), "FILE_MODIFIED", package="idna")
+    assert mod["details"]["files"] == ["idna/codec.py", "idna/core.py"]
 
 
 def test_torchvision_built_for_another_torch(small, cache_root):

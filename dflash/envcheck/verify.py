@@ -84,13 +84,18 @@ def file_digest(path: str) -> str:
     return "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
 
 
-def _load_baseline(path: Path) -> dict[str, Any] | None:
+def _load_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    dists = data.get("dists") if isinstance(data, dict) else None
-    return dists if isinstance(dists, dict) else None
+    return data if isinstance(data, dict) else None
+
+
+def _files_path(path: Path) -> Path:
+    # The per-file (size, mtime) lists (MBs for a torch env) live beside the small
+    # per-distribution digests, read only when a digest moved.
+    return path.with_suffix(".files.json")
 
 
 class Progress:
@@ -129,7 +134,9 @@ def verify(
     start = time.perf_counter()
     dists = [d for d in dists if d.get("dist_info")]
     base_path = verify_baseline_path(prefix)
-    baseline = None if full else _load_baseline(base_path)
+    loaded = None if full else _load_json(base_path)
+    baseline = loaded.get("dists") if loaded else None
+    file_lists: dict[str, Any] | None = None
     result = Result(mode="full" if full else "quick")
     result.baseline = str(base_path) if (full or baseline is not None) else None
     todo: list[tuple[Entry, os.stat_result]] = []
@@ -139,11 +146,13 @@ def verify(
         for rel, disk, listed in d.get("resized", []):
             e = Entry(d["name"], d["version"], os.path.join(d["site_dir"], rel), rel, "", listed)
             result.modified.append((e, f"size {disk} where RECORD says {listed}"))
-        seen = (baseline or {}).get(d["dist_info"])
-        if not full and (seen is None or seen.get("stat_digest") == d.get("stat_digest")):
+        known = baseline is not None and d["dist_info"] in baseline
+        if not full and (not known or baseline[d["dist_info"]] == d.get("stat_digest")):  # type: ignore[index]
             continue  # no baseline for it, or nothing changed since the last --verify
         entries = record_entries([d])  # parsed only where something is to be hashed
-        files = {} if full else dict(seen.get("files", {}))  # type: ignore[union-attr]
+        if not full and file_lists is None:
+            file_lists = (_load_json(_files_path(base_path)) or {}).get("files", {})
+        files = {} if full else dict((file_lists or {}).get(d["dist_info"], {}))
         for e in entries:
             if e.rel in resized:
                 continue
@@ -166,7 +175,6 @@ def verify(
         return e, st, None if digest == e.digest else "content differs from its RECORD sha256"
 
     ok: dict[str, dict[str, list[int]]] = {}
-    owner = {e.path: e for e, _ in todo}
     info_of = {(d["name"], d["version"]): d["dist_info"] for d in dists}
     with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
         for e, st, why in pool.map(check, todo):
@@ -175,31 +183,29 @@ def verify(
             if why:
                 result.modified.append((e, why))
             else:
-                key = info_of.get((owner[e.path].dist, owner[e.path].version), "")
+                key = info_of.get((e.dist, e.version), "")
                 ok.setdefault(key, {})[e.path] = [st.st_size, st.st_mtime_ns]
     bar.close()
     if full:
-        _write_baseline(base_path, prefix, dists, ok, {e.path for e, _ in result.modified})
+        bad = {info_of.get((e.dist, e.version)) for e, _ in result.modified}
+        _write_baseline(base_path, prefix, dists, ok, bad)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _write_baseline(path: Path, prefix: str, dists: list, ok: dict, bad: set[str]) -> None:
-    """Per distribution: the probe's stat digest and each verified file's (size, mtime).
-    A distribution with a bad file gets no digest, so later quick runs keep hashing
-    what changed in it."""
-    out = {}
-    for d in dists:
-        files = {p: v for p, v in ok.get(d["dist_info"], {}).items() if p not in bad}
-        clean = not d.get("resized") and not any(p in bad for p in ok.get(d["dist_info"], {}))
-        out[d["dist_info"]] = {
-            "stat_digest": d.get("stat_digest") if clean else None,
-            "files": files,
-        }
+def _write_baseline(path: Path, prefix: str, dists: list, ok: dict, bad: set) -> None:
+    """Per distribution: the probe's stat digest, and each verified file's (size,
+    mtime). A distribution with a bad file gets no digest, so later quick runs keep
+    hashing whatever changed in it."""
+    digests = {
+        d["dist_info"]: None if d["dist_info"] in bad else d.get("stat_digest") for d in dists
+    }
+    files = {d["dist_info"]: ok.get(d["dist_info"], {}) for d in dists}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"prefix": prefix, "dists": out}), encoding="utf-8")
-        tmp.replace(path)
+        for target, data in ((_files_path(path), {"files": files}), (path, {"dists": digests})):
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"prefix": prefix, **data}), encoding="utf-8")
+            tmp.replace(target)
     except OSError:
         pass  # a read-only home: later quick runs compare sizes only
