@@ -3,6 +3,7 @@
   dflash bench run [--workload tiny-cpu] [--repeats N] [--image IMG] [--store DIR]
   dflash bench accept [RECORD] [--workload W] [--reason TEXT] [--force]
   dflash bench compare BASELINE CURRENT      (record ids or files)
+  dflash bench bisect GOOD BAD               (venvs: the changes that slow training)
   dflash bench history [--workload W] [--out DIR]
   dflash bench list [--workload W]
 Exit codes: 0 pass / improvement / no baseline yet, 1 regression, 3 refused
@@ -68,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hist.add_argument("--workload", default="tiny-cpu")
     hist.add_argument("--out", help="output directory (default: STORE/report)")
     hist.add_argument("--store", help=store_help)
+
+    from dflash.bench.bisect import add_arguments as add_bisect
+
+    add_bisect(sub)
 
     wk = sub.add_parser("worker", help="one repeat in this process (used by `run`)")
     wk.add_argument("spec", help="workload definition (JSON file)")
@@ -236,8 +241,10 @@ def do_list(args: argparse.Namespace) -> int:
 
 def check_args(args: argparse.Namespace) -> None:
     """Flag values that would fail later, named now."""
-    if getattr(args, "repeats", None) is not None and args.repeats < 2:
-        raise BenchInputError(f"--repeats {args.repeats}: at least 2 (a verdict needs pairs)")
+    for flag in ("repeats", "pairs"):
+        n = getattr(args, flag, None)
+        if n is not None and n < 2:
+            raise BenchInputError(f"--{flag} {n}: at least 2 (a verdict needs pairs)")
     alpha = getattr(args, "alpha", None)
     if alpha is not None and not 0.0 < alpha < 1.0:
         raise BenchInputError(f"--alpha {alpha}: a significance level in (0, 1), e.g. 0.05")
@@ -260,6 +267,10 @@ def run(args: argparse.Namespace) -> int:
             return do_accept(args)
         if args.action == "compare":
             return do_compare(args)
+        if args.action == "bisect":
+            from dflash.bench.bisect import run_bisect
+
+            return run_bisect(args, _log)
         if args.action == "worker":
             from dflash.bench.worker import main as worker_main
 
@@ -278,6 +289,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyError as exc:  # a name that is not there: say which, not just its repr
         print(f"dflash bench {args.action}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
-    except (RepeatFailed, OSError, RuntimeError) as exc:
+    except (RepeatFailed, OSError, RuntimeError) as exc:  # SpliceError is a RuntimeError
         print(f"dflash bench {args.action}: {exc}", file=sys.stderr)
         return 2

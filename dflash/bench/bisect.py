@@ -1,0 +1,166 @@
+"""`dflash bench bisect GOOD BAD`: the smallest part of an environment change that
+makes training slower.
+
+GOOD and BAD are environments (venv directories or interpreters). Their difference is
+a set of distribution changes (envsplice.py); delta debugging (Zeller's ddmin) then
+measures environments that apply subsets of it onto GOOD, each one paired against GOOD
+itself in the same run (runner.run_pairs, paired.py), and narrows the set to a minimal
+one that still reproduces the slowdown: removing any single change from it makes the
+slowdown go away.
+
+A subset "reproduces" when its paired verdict against GOOD is a regression (Wilcoxon
+p(slower) < alpha and ratio < 1 - min effect), the same rule as `dflash bench run`.
+Every measurement is kept and printed with its ratio and interval; a subset is never
+measured twice; Ctrl-C prints the smallest reproducing set found so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dflash.bench.envsplice import Change, differences, inventory, python_of, splice
+
+
+def ddmin_bound(n: int) -> int:
+    """Measurements ddmin may need for n changes at worst (Zeller and Hildebrandt,
+    2002: n^2 + 3n tests), plus the first one that confirms BAD is slower."""
+    return n * n + 3 * n + 1
+
+
+def single_cause_count(n: int) -> int:
+    """Measurements when one change is the cause: the confirmation, then at most two
+    per halving."""
+    return 1 + 2 * math.ceil(math.log2(n)) if n > 1 else 1
+
+
+def ddmin(changes: list[Change], slow: Callable[[list[Change]], bool], best: list) -> list[Change]:
+    """A 1-minimal subset of `changes` for which `slow` holds (it holds for all of
+    them). `best[0]` always holds the smallest reproducing subset found so far."""
+    c, n = list(changes), 2
+    best[:] = [c]
+    while len(c) >= 2:
+        size = math.ceil(len(c) / n)
+        chunks = [c[i : i + size] for i in range(0, len(c), size)]
+        for chunk in chunks:  # a chunk alone reproduces: keep only it
+            if slow(chunk):
+                c, n = chunk, 2
+                break
+        else:
+            for chunk in chunks if len(chunks) > 2 else []:  # complements (n=2: the chunks)
+                rest = [x for x in c if x not in chunk]
+                if slow(rest):
+                    c, n = rest, max(n - 1, 2)
+                    break
+            else:
+                if n >= len(c):
+                    break
+                n = min(len(c), 2 * n)
+                continue
+        best[:] = [c]
+    return c
+
+
+def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
+    from tqdm import tqdm
+
+    from dflash.bench.compare import paired_samples
+    from dflash.bench.envs import BenchEnv
+    from dflash.bench.paired import paired_verdict
+    from dflash.bench.runner import run_pairs, summarize
+    from dflash.bench.store import Store
+    from dflash.bench.workloads import get_workload
+
+    good_py, bad_py = python_of(args.good), python_of(args.bad)
+    good, bad = inventory(good_py), inventory(bad_py)
+    changes = differences(good, bad)
+    if not changes:
+        print(f"GOOD ({args.good}) and BAD ({args.bad}) hold the same distributions")
+        return 0
+    w = get_workload(args.workload).with_changes(repeats=args.pairs)
+    min_effect = args.min_effect if args.min_effect is not None else w.min_effect
+    bound = ddmin_bound(len(changes))
+    print(f"{len(changes)} differences between GOOD and BAD:")
+    print("\n".join(f"  {c}" for c in changes))
+    print(
+        f"at most {bound} paired measurements of {args.pairs} pairs ({w.name}); "
+        f"{single_cause_count(len(changes))} if a single change is the cause"
+    )
+    work = Store(args.store).root / "bisect" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    work.mkdir(parents=True, exist_ok=True)
+    good_env = BenchEnv(good_py, "good", origin=str(args.good))
+    steps: list[dict[str, Any]] = []
+    cache: dict[frozenset[str], bool] = {}
+    bar = tqdm(total=bound, desc="bisect", unit="measurement", file=sys.stderr)
+
+    def slow(subset: list[Change]) -> bool:
+        key = frozenset(c.name for c in subset)
+        if key in cache:
+            return cache[key]
+        k = len(steps)
+        if len(subset) == len(changes):
+            env = BenchEnv(bad_py, "bad", origin=str(args.bad))
+        else:
+            env = BenchEnv(splice(good, bad, subset, work / f"step{k}"), f"step{k}")
+        try:
+            cand, base = run_pairs(w, env, good_env, lambda _: None, args.pairs)
+        finally:
+            if env.label != "bad":
+                shutil.rmtree(work / f"step{k}", ignore_errors=True)
+        pr = paired_verdict(
+            paired_samples(summarize(w, cand)), paired_samples(summarize(w, base)), args.alpha,
+            min_effect,
+        )  # fmt: skip
+        cache[key] = pr.verdict == "regression"
+        steps.append({"changes": [str(c) for c in subset], **pr.to_dict(), "slow": cache[key]})
+        bar.update(1)
+        bar.write(
+            f"  {k + 1}. {'SLOW' if cache[key] else 'ok  '} {pr.ratio:.3f}x "
+            f"[{pr.ci[0]:.3f}, {pr.ci[1]:.3f}] p={pr.p_slower:.4f}  "
+            + (", ".join(str(c) for c in subset) if len(subset) <= 6 else f"{len(subset)} changes")
+        )
+        return cache[key]
+
+    best: list[list[Change]] = [changes]
+    try:
+        if not slow(changes):
+            bar.close()
+            print(f"BAD is not slower than GOOD ({steps[0]['ratio']:.3f}x): nothing to bisect")
+            return 0
+        found = ddmin(changes, slow, best)
+        bar.close()
+        _report(found, steps, args, "minimal set that reproduces the slowdown")
+        return 1
+    except KeyboardInterrupt:
+        bar.close()
+        _report(best[0], steps, args, "interrupted; smallest reproducing set so far")
+        return 130
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _report(found: list[Change], steps: list[dict[str, Any]], args, title: str) -> None:
+    print(f"{len(steps)} measurements; {title}:")
+    for c in found:
+        print(f"  {c}")
+    if args.json:
+        print(json.dumps({"minimal": [str(c) for c in found], "steps": steps}, indent=1))
+
+
+def add_arguments(sub) -> None:
+    b = sub.add_parser("bisect", help="find the part of an environment change that slows training")
+    b.add_argument("good", help="the fast environment: a venv directory or its python")
+    b.add_argument("bad", help="the slow environment: a venv directory or its python")
+    b.add_argument("--workload", default="tiny-cpu")
+    b.add_argument("--pairs", type=int, default=5, help="pairs per measurement (default 5)")
+    b.add_argument("--alpha", type=float, default=0.05)
+    b.add_argument("--min-effect", type=float, help="default: the workload's")
+    b.add_argument("--json", action="store_true", help="also print every step as JSON")
+    b.add_argument("--store", help="where scratch environments go (the bench store)")
+

@@ -1,0 +1,120 @@
+"""`dflash bench bisect`: delta debugging over environment differences, and the
+spliced environments it measures (real small venvs; the slow test measures for real)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_bench_fidelity import REPO, root  # noqa: F401 - the fixture
+from wheels import busy_thread_wheel, inert_wheel, make_wheel
+
+from dflash.bench.bisect import ddmin, ddmin_bound, single_cause_count
+from dflash.bench.envsplice import Change, differences, inventory, splice
+
+
+def changes(n: int) -> list[Change]:
+    return [Change(f"pkg{i}", "added", None, "1.0") for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "culprits", [{"pkg5"}, {"pkg0"}, {"pkg2", "pkg6"}, {"pkg1", "pkg3", "pkg7"}]
+)
+def test_ddmin_finds_exactly_the_culprits(culprits):
+    tested: list[frozenset] = []
+
+    def slow(subset):
+        names = frozenset(c.name for c in subset)
+        tested.append(names)
+        return culprits <= names  # slow only with every culprit present
+
+    best: list = []
+    found = ddmin(changes(8), slow, best)
+    assert {c.name for c in found} == culprits and best[0] == found
+    assert len(tested) <= ddmin_bound(8)
+    if len(culprits) == 1:
+        assert len(tested) + 1 <= single_cause_count(8)  # +1: the confirmation run
+
+
+def test_bounds():
+    assert ddmin_bound(8) == 89 and single_cause_count(8) == 7 and single_cause_count(1) == 1
+
+
+def uv(*args: str) -> None:
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+    env.pop("VIRTUAL_ENV", None)
+    subprocess.run(["uv", *args], check=True, capture_output=True, timeout=300, env=env)
+
+
+def small_venv(path: Path, *wheels: Path) -> Path:
+    uv("venv", "-q", str(path), "--python", sys._base_executable)
+    if wheels:
+        uv("pip", "install", "-q", "--python", str(path / "bin" / "python"), *map(str, wheels))
+    return path / "bin" / "python"
+
+
+def test_splice_applies_added_removed_and_changed(tmp_path):
+    w = tmp_path / "w"
+    a, b = inert_wheel(w, "alpha"), inert_wheel(w, "beta")
+    g1 = make_wheel(w / "g1", "gamma", "1.0", {"gamma.py": "V = 1\n"})
+    g2 = make_wheel(w / "g2", "gamma", "2.0", {"gamma.py": "V = 2\n"})
+    tool = make_wheel(
+        w, "tool", "1.0",
+        {"tool.py": "def main():\n    print('tool ran')\n",
+         "tool-1.0.dist-info/entry_points.txt": "[console_scripts]\ntool = tool:main\n"},
+    )  # fmt: skip
+    good = small_venv(tmp_path / "good", a, g1)
+    bad = small_venv(tmp_path / "bad", b, g2, tool)
+    gi, bi = inventory(good), inventory(bad)
+    diff = {str(c) for c in differences(gi, bi)}
+    assert diff == {"+ beta 1.0", "+ tool 1.0", "- alpha 1.0", "~ gamma 1.0 -> 2.0"}
+    chosen = [c for c in differences(gi, bi) if c.name in ("gamma", "tool", "alpha")]
+    py = splice(gi, bi, chosen, tmp_path / "mid")
+    names = {n: d["version"] for n, d in inventory(py)["dists"].items()}
+    assert names.get("gamma") == "2.0" and "tool" in names
+    assert "alpha" not in names and "beta" not in names
+    out = subprocess.run(
+        [str(py), "-c", "import gamma; print(gamma.V)"], capture_output=True, text=True
+    )
+    assert out.stdout.strip() == "2"
+    # The console script runs the copy's interpreter; GOOD itself is untouched.
+    ran = subprocess.run([str(py.parent / "tool")], capture_output=True, text=True)
+    assert ran.stdout.strip() == "tool ran"
+    assert (py.parent / "tool").read_text().startswith(f"#!{tmp_path / 'mid'}")
+    assert inventory(good)["dists"]["gamma"]["version"] == "1.0"
+    assert "alpha" in inventory(good)["dists"]
+
+
+@pytest.mark.slow
+def test_bisect_names_the_one_slow_package_out_of_eight(root):  # noqa: F811
+    from dflash.bench.lockenv import lock_env, save_lock
+
+    sha = save_lock(root / "envs", REPO / "uv.lock")["sha256"]
+    good = lock_env(root / "envs", sha, "cu128", label="good").python.parent.parent
+    bad = root / "bad"
+    subprocess.run(["cp", "-al", str(good), str(bad)], check=True)
+    for script in (bad / "bin").iterdir():  # shebangs: the copy's own interpreter
+        if script.is_file() and not script.is_symlink() and script.read_bytes()[:2] == b"#!":
+            data = script.read_bytes().replace(str(good).encode(), str(bad).encode(), 1)
+            script.unlink()
+            script.write_bytes(data)
+            script.chmod(0o755)
+    w = root / "wheels"
+    wheels = [inert_wheel(w, f"inert-extra-{i}") for i in range(7)]
+    wheels.insert(3, busy_thread_wheel(w, "busy-telemetry", busy=0.001, idle=0.004))
+    uv("pip", "install", "-q", "--python", str(bad / "bin" / "python"), *map(str, wheels))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "dflash"), "bench", "bisect", str(good), str(bad),
+         "--store", str(root / "store")],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr[-3000:]
+    assert "8 differences" in out and "at most 89 paired measurements" in out
+    tail = out.split("minimal set that reproduces the slowdown:")[1].split()
+    assert tail[:3] == ["+", "busy-telemetry", "1.0"] and len(tail) == 3, out
+    shutil.rmtree(bad, ignore_errors=True)
