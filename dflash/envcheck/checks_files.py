@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from .checks_cuda import SHARED_FILES_WHY
 from .context import Context
 from .cuda import HEADER_ONLY
 from .findings import Finding
+from .lockfile import ROOT_NAME
 
 SAMPLE = 10  # paths listed per finding; the count says how many in all
 
@@ -16,7 +19,7 @@ def _is_lib(path: str) -> bool:
 
 
 def check_files(ctx: Context) -> list[Finding]:
-    return _collisions(ctx) + _holes(ctx) + _library_less(ctx)
+    return _collisions(ctx) + _shadowed_editable(ctx) + _holes(ctx) + _library_less(ctx)
 
 
 def _collisions(ctx: Context) -> list[Finding]:
@@ -49,6 +52,52 @@ def _collisions(ctx: Context) -> list[Finding]:
             )
         )
     return findings
+
+
+def _record_owner(ctx: Context, rel: str) -> dict | None:
+    """The distribution whose RECORD lists site-relative path `rel`."""
+    for d in ctx.dists:
+        try:
+            with open(os.path.join(d["dist_info"], "RECORD"), encoding="utf-8") as fh:
+                if any(line.split(",", 1)[0] == rel for line in fh):
+                    return d
+        except OSError:
+            continue
+    return None
+
+
+def _shadowed_editable(ctx: Context) -> list[Finding]:
+    # An editable project lists no dflash/ files in its RECORD, so another distribution
+    # installing a dflash/ package (z-lab's PyPI `dflash`) collides on no recorded file;
+    # it wins the import anyway, site-packages coming before the editable path.
+    origin = ctx.static["interpreter"].get("dflash_origin")
+    ours = [d for d in ctx.by_name.get(ROOT_NAME, []) if d.get("editable")]
+    if not origin or not ours:
+        return []
+    real = os.path.realpath(origin)
+    site = next((s for s in ctx.site_dirs if real.startswith(os.path.realpath(s) + os.sep)), None)
+    if site is None:
+        return []
+    rel = os.path.relpath(real, os.path.realpath(site)).replace(os.sep, "/")
+    other = _record_owner(ctx, rel)
+    who = f"{other['name']} {other['version']}" if other else "no distribution's RECORD"
+    mine = f"{ours[0]['name']} {ours[0]['version']}"
+    return [
+        Finding(
+            "error",
+            "FILE_COLLISION",
+            f"{who} and {mine} (editable) both provide the import package dflash/: "
+            f"`import dflash` loads {ctx.rel(real)}, so {mine}'s code and `dflash` command "
+            "do not run",
+            ctx.fix.recreate("the other distribution's dflash/ files replace the project's import"),
+            {
+                "claimants": sorted([who, mine]),
+                "count": 1,
+                "files": [ctx.rel(real)],
+                "libraries": {},
+            },
+        )
+    ]
 
 
 def _holes(ctx: Context) -> list[Finding]:
