@@ -163,4 +163,3 @@ def add_arguments(sub) -> None:
     b.add_argument("--min-effect", type=float, help="default: the workload's")
     b.add_argument("--json", action="store_true", help="also print every step as JSON")
     b.add_argument("--store", help="where scratch environments go (the bench store)")
-

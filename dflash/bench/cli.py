@@ -139,9 +139,22 @@ def baseline_environment(store: Store, base: dict[str, Any] | None, args) -> tup
     if not lock:
         return None, f"baseline {base['id']} stored no lock (recorded before paired runs)"
     try:
-        return lock_env(store.root, lock["sha256"], base["environment"].get("variant"), _log), ""
+        env = lock_env(store.root, lock["sha256"], base["environment"].get("variant"), _log)
     except LockEnvError as exc:
         return None, str(exc)
+    return with_baseline_variables(env, base), ""
+
+
+def with_baseline_variables(env: Any, base: dict[str, Any]) -> Any:
+    """The baseline's speed-relevant variables are part of its environment: its repeats
+    run with the values recorded for it, and without the ones only this run has."""
+    import dataclasses
+
+    from dflash.bench.worker import relevant_variables
+
+    recorded = base.get("settings", {}).get("variables", {}) or {}
+    unset = tuple(k for k in relevant_variables() if k not in recorded)
+    return dataclasses.replace(env, variables=dict(recorded), unset=unset)
 
 
 def verdict_for(store: Store, rec: dict[str, Any], args) -> tuple[Comparison | None, Any]:

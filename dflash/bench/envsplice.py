@@ -132,7 +132,9 @@ def splice(good: dict, bad: dict, changes: list[Change], dest: Path) -> Path:
     good_prefix, bad_prefix = Path(good["prefix"]), Path(bad["prefix"])
     if dest.exists():
         shutil.rmtree(dest)
-    proc = subprocess.run(["cp", "-al", str(good_prefix), str(dest)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["cp", "-al", str(good_prefix), str(dest)], capture_output=True, text=True
+    )
     if proc.returncode != 0:  # another filesystem: a real copy (slow, but correct)
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(good_prefix, dest, symlinks=True)
