@@ -69,6 +69,10 @@ def check_pair(model, tok, drafter, target_dir: str = "target", drafter_dir: str
             f"layer ids: drafter reads {drafter.target_layer_ids}, target has "
             f"{t.num_hidden_layers} layers"
         )
+    # The drafter is trained with the target's RoPE (make_draft_config copies it).
+    d_rope, t_rope = dict(d.rope_parameters), dict(t.rope_parameters)
+    if d_rope != t_rope:
+        problems.append(f"RoPE: drafter {d_rope}, target {t_rope}")
     mask_id = drafter.mask_token_id
     if not len(tok) <= mask_id < rows:
         problems.append(

@@ -220,3 +220,18 @@ def test_resume_refuses_a_checkpoint_of_another_drafter(tmp_path):
     other = make_draft_config(Qwen3Config(**{**Q8B_TARGET, "rope_theta": 1e4}), **Q8B_DRAFT)
     with pytest.raises(ckpt.RunDirError, match="rope_parameters"):
         ckpt.load_checkpoint(path, other)
+
+
+def test_eval_refuses_a_drafter_with_another_rope_than_its_target():
+    from test_eval import tiny_pair
+
+    from dflash.evaluate import check_pair
+    from dflash.target import TargetMismatch
+
+    model, tok, drafter = tiny_pair()
+    check_pair(model, tok, drafter)  # the pair as trained fits
+    raw = export_dict(drafter.config)
+    raw["rope_theta"] = raw["rope_parameters"]["rope_theta"] = 1e6
+    other = DFlashDraftModel(config_from_dict(raw))
+    with pytest.raises(TargetMismatch, match="RoPE: drafter .*1000000.0.*, target .*10000.0"):
+        check_pair(model, tok, other)
