@@ -173,3 +173,13 @@ def test_gpu_query_failure_is_noise_only_without_a_gpu(lock_path):
     ctx.device = "auto"
     expected = "warning" if glob.glob("/dev/nvidia[0-9]*") else "info"
     assert [f.severity for f in check_gpu(ctx)] == [expected]
+
+
+def test_docs_list_every_catalogue_entry_and_code():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "doctor.md").read_text()
+    missing = [s.name for s in CATALOGUE if f"| `{s.name}` |" not in text]
+    assert missing == [], "add these settings to docs/doctor.md"
+    for code in ("STARTUP_HOOK", "MODULE_SHADOWED", "BUILD_MISMATCH", "FILE_MODIFIED"):
+        assert f"`{code}`" in text

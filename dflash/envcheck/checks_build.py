@@ -14,6 +14,7 @@ the installed torch or triton does not satisfy is a build made for another one.
 
 from __future__ import annotations
 
+import re
 import sys
 from functools import cache
 from typing import Any
@@ -33,6 +34,7 @@ from .lockfile import ROOT_NAME, LockPackage
 # What compiled extensions bind to: a pin on one of these that the installed
 # version does not meet is a binary built against another release.
 ABI_TARGETS = frozenset({"torch", "triton", "pytorch-triton"})
+_MAY_NAME_TARGET = re.compile(r"^\s*(torch|triton|pytorch[-_.]triton)\b", re.IGNORECASE)
 
 
 def check_build(ctx: Context) -> list[Finding]:
@@ -158,6 +160,8 @@ def _abi_pairs(ctx: Context) -> list[Finding]:
     for name, ds in sorted(ctx.by_name.items()):
         d = ds[0]
         for text in d.get("requires", []):
+            if not _MAY_NAME_TARGET.match(text):
+                continue  # parsing every requirement of every distribution costs 50 ms
             try:
                 req = Requirement(text)
             except InvalidRequirement:

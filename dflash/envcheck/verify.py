@@ -1,4 +1,5 @@
-"""Installed files against their RECORD sha256 (no installer checks them afterwards).
+"""Installed files against their RECORD sha256 (no installer checks them afterwards:
+pypa/pip#1463 left it to other tools).
 
 Two modes:
   full (`dflash doctor --verify`)  hash every file every distribution's RECORD lists,
