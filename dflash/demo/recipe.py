@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-RECIPE_VERSION = 2  # bump when the target/regen code changes what a recipe produces
+RECIPE_VERSION = 3  # bump when the target/regen code changes what a recipe produces
 CACHE_ENV = "DFLASH_DEMO_CACHE"
 
 
