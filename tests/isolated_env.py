@@ -36,7 +36,25 @@ def envs_root() -> Path:
     if explicit:
         return Path(explicit)
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "dflash" / "test-envs"
+    root = Path(cache) / "dflash" / "test-envs"
+    # uv links wheels from its cache; hardlinks cannot cross filesystems, and a copy of
+    # torch's CUDA wheels is ~3 GB per environment. Keep the envs beside uv's cache.
+    uv_cache = _uv_cache_dir()
+    if uv_cache is not None and _device(root) != _device(uv_cache):
+        root = uv_cache.parent / "dflash-test-envs"
+    return root
+
+
+def _device(path: Path) -> int | None:
+    for p in (path, *path.parents):  # the nearest existing ancestor decides
+        if p.exists():
+            return os.stat(p).st_dev
+    return None
+
+
+def _uv_cache_dir() -> Path | None:
+    proc = subprocess.run([_uv(), "cache", "dir"], capture_output=True, text=True)
+    return Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else None
 
 
 def _uv() -> str:
