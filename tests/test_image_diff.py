@@ -170,9 +170,8 @@ def test_site_files_finds_unrecorded_and_resized_files(tmp_path):
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="needs readelf (binutils)")
 def test_sonames_from_the_elf_dynamic_section(tmp_path):
-    import torch
-
-    lib = Path(torch.__file__).parent / "lib" / "libc10.so"
+    torch_dir = importlib.util.find_spec("torch").submodule_search_locations[0]  # no import
+    lib = Path(torch_dir) / "lib" / "libc10.so"
     not_elf = tmp_path / "libfake.so"
     not_elf.write_text("INPUT(-lc)\n")  # a linker script: no soname, no crash
     assert sonames([str(lib)]) == {str(lib): "libc10.so"}
