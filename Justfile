@@ -37,6 +37,10 @@ demo *ARGS: setup
 doctor *ARGS: setup
     {{run}} dflash doctor {{ARGS}}
 
+# GPU readiness, one script (docs/bench.md): doctor, 20 compiled qwen3-8b-1gpu steps with no recompile, its bench record, a 1+1 NCCL pipeline on >= 2 GPUs; --dry-run: the same at tiny shapes on CPU
+gpu-check *ARGS: setup
+    {{run}} dflash gpu-check {{ARGS}}
+
 # Apply ruff's fixes and formatting
 fmt: setup
     {{run}} ruff check --fix .

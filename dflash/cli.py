@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "regen": ("dflash.regen_cli", "regenerate responses with the target (local or OpenAI server)"),
     "bench": ("dflash.bench.cli", "throughput benchmark against a stored baseline"),
     "demo": ("dflash.demo.cli", "offline end-to-end demo on CPU: target, data, drafter, eval"),
+    "gpu-check": (
+        "dflash.gpu_check",
+        "GPU readiness: doctor, compiled qwen3-8b steps, bench record, NCCL pipeline",
+    ),
 }
 
 

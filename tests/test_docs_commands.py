@@ -1,7 +1,8 @@
 """Every command the docs show parses: `dflash ...`, `python -m dflash ...`, `docker run ...`
 and `podman run ...` (the part after the image is dflash's arguments: the entrypoint is
 already `dflash`), `torchrun ...` (torchrun's own parser, then dflash's) and `just ...`
-(the recipe exists with that many arguments, and what it forwards to dflash parses).
+(the recipe exists with that many arguments, and what it forwards to dflash parses);
+`uv run [options]` in front of any of them is dropped.
 
 Commands come from the code blocks (fenced and indented) of README.md and docs/*.md,
 read with a CommonMark parser. `dflash train` lines are also resolved into a TrainConfig,
@@ -85,17 +86,27 @@ def split_commands(line: str) -> list[list[str]]:
 def documented():
     for path in DOCS:
         for lineno, line in code_lines(path):
-            for words in split_commands(line):
+            for words in map(without_uv_run, split_commands(line)):
                 if kind(words):
                     yield pytest.param(words, id=f"{path.name}:{lineno}:{' '.join(words)[:60]}")
+
+
+def without_uv_run(words: list[str]) -> list[str]:
+    """`uv run [options] COMMAND ...` -> `COMMAND ...`."""
+    if words[:2] != ["uv", "run"]:
+        return words
+    rest = words[2:]
+    while rest and rest[0].startswith("-"):
+        rest = rest[1:]
+    return rest
 
 
 def kind(words: list[str]) -> str | None:
     if not words:
         return None
     head = Path(words[0]).name
-    if head == "dflash":
-        return "dflash"
+    if head == "dflash":  # `dflash eval: RUN/...: message` is a message the docs quote
+        return None if words[1:2] and words[1].endswith(":") else "dflash"
     if head.startswith("python") and words[1:3] == ["-m", "dflash"]:
         return "python"
     if head in ("docker", "podman") and words[1:2] == ["run"]:
