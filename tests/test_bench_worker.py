@@ -122,3 +122,35 @@ def test_speed_variables_are_the_doctors_list():
              "MALLOC_PERTURB_": "165", "PYTHONMALLOC": "debug", "OMP_NUM_THREADS": "4"}  # fmt: skip
     other = {"PYTHONUNBUFFERED": "1", "HOME": "/root", "PATH": "/usr/bin"}
     assert relevant_variables({**speed, **other}) == dict(sorted(speed.items()))
+
+
+def test_steady_budget_cuts_the_phase_but_keeps_min_steps(micro, tmp_path):
+    from dflash.bench.worker import MIN_STEADY_STEPS, run_repeat
+
+    w = micro.with_changes(steps=MIN_STEADY_STEPS + 3, steady_budget_s=1e-9)
+    res = run_repeat(w.definition(), str(tmp_path))
+    assert len(res["steps"]) == MIN_STEADY_STEPS
+    # A policy like `repeats`: records with and without a budget stay comparable.
+    assert w.hash() == micro.with_changes(steps=w.steps).hash()
+
+
+def test_reference_runs_on_the_thread_clock():
+    import time
+
+    from dflash.bench.reference import REFERENCE_VERSION, Reference
+
+    assert REFERENCE_VERSION == 2 and Reference().clock is time.thread_time
+
+
+def test_repeat_is_a_fresh_console_script_process(tmp_path, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from dflash.bench.envs import SPAWN_TIME_ENV, BenchEnv
+
+    env = BenchEnv(Path(sys.executable), "c", variables={"OMP_NUM_THREADS": "3"}, unset=("HOME",))
+    cmd = env.command(tmp_path / "s.json", tmp_path / "o.json")
+    assert cmd[0] == str(Path(sys.executable).parent / "dflash") and cmd[1:3] == ["bench", "worker"]
+    monkeypatch.setenv("HOME", "/nowhere")
+    e = env.environ()
+    assert e["OMP_NUM_THREADS"] == "3" and "HOME" not in e and float(e[SPAWN_TIME_ENV]) > 0
