@@ -108,13 +108,23 @@ def test_hook_severity_follows_the_owner(lock_path):
         },
         {"kind": "pth", "file": f"{SITE}/stray.pth", "line": 2, "code": "import z", "owner": None},
     ]
-    found = check_startup(startup_ctx(lock_path, {"path": [], "hooks": hooks, "distributions": []}))
+    venv = {
+        "kind": "pth",
+        "file": f"{SITE}/_virtualenv.pth",
+        "line": 1,
+        "code": "import _virtualenv",
+    }
+    data = {"path": [], "hooks": [*hooks, venv], "distributions": []}
+    found = check_startup(startup_ctx(lock_path, {**data, "pyvenv_cfg": {"virtualenv": "20.29.1"}}))
     sev = {f.details["file"].rsplit("/", 1)[1]: f for f in found}
     assert sev["numpy.pth"].severity == "info"  # a locked distribution's own hook
     assert sev["sglang.pth"].severity == "error" and "owned by sglang" in sev["sglang.pth"].message
     assert "rm -rf" in sev["sglang.pth"].fix
     assert sev["stray.pth"].severity == "error" and "unowned" in sev["stray.pth"].message
     assert sev["stray.pth"].fix.startswith(f"delete {SITE}/stray.pth")
+    assert sev["_virtualenv.pth"].severity == "info"  # the venv's creator wrote it
+    (made_by_uv,) = check_startup(startup_ctx(lock_path, {**data, "hooks": [venv]}))
+    assert made_by_uv.severity == "error"  # no virtualenv in pyvenv.cfg: nobody owns it
 
 
 def test_shadowing_names_the_cause_and_skips_namespace_portions(lock_path):

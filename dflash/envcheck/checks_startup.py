@@ -55,19 +55,24 @@ def _hooks(ctx: Context, data: dict[str, Any]) -> list[Finding]:
             else f"is imported as {hook['kind']} at every interpreter start-up"
         )
         in_stdlib = os.path.dirname(hook["file"]) in stdlib
+        # virtualenv writes _virtualenv.pth (import _virtualenv) into every venv it makes
+        creator = data.get("pyvenv_cfg", {}).get("virtualenv")
+        by_creator = bool(creator) and os.path.basename(hook["file"]) == "_virtualenv.pth"
         owned = owner is not None and canonical(owner) in locked
         who = (
-            f"owned by {owner}"
+            f"owned by {owner}" + (", locked" if owned else "")
             if owner
             else "part of the Python installation"
             if in_stdlib
+            else f"written by virtualenv {creator}, which created the venv"
+            if by_creator
             else "unowned (no installed distribution lists it)"
         )
         details = {"file": hook["file"], "line": hook.get("line"), "kind": hook["kind"]}
         details |= {"owner": owner, "code": hook.get("code", "")}
-        if owned or in_stdlib:
+        if owned or in_stdlib or by_creator:
             findings.append(
-                Finding("info", "STARTUP_HOOK", f"{where} {what} ({who}, locked)", details=details)
+                Finding("info", "STARTUP_HOOK", f"{where} {what} ({who})", details=details)
             )
             continue
         fix = (

@@ -138,8 +138,24 @@ def users_path() -> tuple[list[dict[str, str]], Recorder, dict[str, Any]]:
         "user_site_enabled": bool(site.ENABLE_USER_SITE),
         "pythonpath": pythonpath,
         "prefix": sys.prefix,
+        "pyvenv_cfg": pyvenv_cfg(sys.prefix),
     }
     return entries, rec, info
+
+
+def pyvenv_cfg(prefix: str) -> dict[str, str]:
+    """The venv's creator writes its name and version here (`uv = 0.13.9`,
+    `virtualenv = 20.29.1`): virtualenv also writes a `_virtualenv.pth` hook."""
+    out: dict[str, str] = {}
+    try:
+        with open(os.path.join(prefix, "pyvenv.cfg"), encoding="utf-8") as fh:
+            for line in fh:
+                key, sep, value = line.partition("=")
+                if sep:
+                    out[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return out
 
 
 def editable_mappings() -> dict[str, str]:
