@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
-from test_envcheck_envs import BASE_PYTHON, EXTRA, SITE, doctor, find, locked_version
+from test_envcheck_envs import BASE_PYTHON, EXTRA, SITE, dflash, doctor, find, locked_version
 
 pytestmark = pytest.mark.slow
 IDNA = locked_version("idna")
@@ -186,6 +186,23 @@ def test_files_changed_in_place(small, cache_root):
     # a baseline taken of a modified distribution never blesses its bad file
     (mod,) = find(audit(venv, fresh), "FILE_MODIFIED", package="idna")
     assert mod["details"]["files"] == ["idna/codec.py", "idna/core.py"]
+
+
+def test_image_manifest_is_the_baseline_for_same_size_edits(small, cache_root):
+    venv = small(f"idna=={IDNA}")
+    made = dflash("env", "manifest", "--python", str(venv / "bin" / "python"))
+    assert made.returncode == 0, made.stderr
+    codec = venv / SITE / "idna" / "codec.py"
+    text = codec.read_text()
+    replace(codec, text.replace("import", "IMPORT", 1))  # same size
+    report = audit(venv, cache_root)  # no --verify ever ran: the manifest is the baseline
+    (mod,) = find(report, "FILE_MODIFIED", package="idna")
+    assert mod["details"]["files"] == ["idna/codec.py"] and mod["fix"].startswith(
+        "rebuild the image"
+    )
+    (verified,) = find(report, "RECORD_VERIFIED")
+    assert verified["details"]["baseline"] == "the image manifest"
+    assert 0 < verified["details"]["hashed"] < 50  # idna's files only
 
 
 def test_torchvision_built_for_another_torch(small, cache_root):

@@ -10,10 +10,13 @@ SAMPLE = 10  # files listed per finding; the count says how many in all
 
 
 def check_integrity(ctx: Context) -> list[Finding]:
-    res = verify(ctx.dists, ctx.fix.prefix, full=ctx.verify)
+    built = (ctx.manifest or {}).get("record_stats")
+    res = verify(ctx.dists, ctx.fix.prefix, full=ctx.verify, built=built)
     how = (
         "every file hashed"
         if res.mode == "full"
+        else f"sizes of every file, hashes of files changed since {res.baseline}"
+        if res.baseline == "the image manifest"
         else "sizes of every file, hashes of files changed since the last --verify"
         if res.baseline
         else "sizes of every file, hashes of the Python sources (no --verify baseline yet)"

@@ -106,6 +106,14 @@ def build_manifest(static: Mapping[str, Any], extra: str | None = None) -> dict[
         "python": static["interpreter"]["executable"],
         "prefix": static["interpreter"]["prefix"],
         **comps,
+        # per distribution, the digest of every file's (path, size, mtime) at build
+        # time: the baseline that lets later doctor runs find files changed in place
+        # (verify.py); outside the fingerprint, since mtimes are no part of identity
+        "record_stats": {
+            d["dist_info"]: d.get("stat_digest")
+            for d in static["distributions"]
+            if d.get("dist_info") and d.get("stat_digest")
+        },
     }
 
 
