@@ -40,7 +40,11 @@ def sliding_drafter_config():
     """Two sliding layers after a full one, and a YaRN-scaled target RoPE."""
     target = Qwen3Config(
         **{**Q8B_TARGET, "rope_theta": 5e5},
-        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
+        rope_scaling={
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 10240,
+        },
     )
     return make_draft_config(
         target,
@@ -72,7 +76,7 @@ def test_export_states_both_generations_and_the_attention_convention():
     assert s["rope_scaling"] == {
         "rope_type": "yarn",
         "factor": 4.0,
-        "original_max_position_embeddings": 4096,
+        "original_max_position_embeddings": 10240,
     }
     assert s["rope_parameters"]["rope_theta"] == s["rope_theta"] == 5e5
     assert s["layer_types"] == ["full_attention", "sliding_attention", "sliding_attention"]

@@ -215,3 +215,52 @@ def test_demo_target_loads_in_transformers_4_57(demo_target):
         assert old[k] == new[k], k
     assert len(old["generated"]) > len(old["prompt_ids"])
     assert old["rope_base"] == pytest.approx(10000.0, rel=1e-5)
+
+
+WRITER = r"""
+import json, sys
+from pathlib import Path
+from transformers import AutoConfig, Qwen3Config
+
+out = Path(sys.argv[1])
+for src in sys.argv[2:]:
+    # A config re-saved by this generation (a loader that saves what it loaded) ...
+    AutoConfig.from_pretrained(src, local_files_only=True).save_pretrained(out / f"resaved-{Path(src).name}")
+# ... and one written from scratch by another trainer on this generation, in its own spelling.
+fields = json.loads((Path(sys.argv[2]) / "config.json").read_text())
+major = int(__import__("transformers").__version__.split(".")[0])
+drop = ("rope_parameters",) if major < 5 else ("rope_theta", "rope_scaling")
+Qwen3Config(**{k: v for k, v in fields.items() if k not in drop}).save_pretrained(out / "fresh")
+print(json.dumps(sorted(p.name for p in out.iterdir())))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer", ["4.57.1", "5.15.1"])
+def test_configs_written_by_either_generation_load_as_ours(drafters, writer, tmp_path):
+    from dflash.export import export_dict, load_config
+
+    python = isolated_python(f"transformers-{writer}", [f"transformers=={writer}", TORCH])
+    srcs = [drafters["q8b"], drafters["sliding"]]
+    names = run_json(python, WRITER, str(tmp_path), *map(str, srcs))
+    assert names == ["fresh", "resaved-q8b", "resaved-sliding"]
+    for written, src in (
+        ("resaved-q8b", "q8b"),
+        ("resaved-sliding", "sliding"),
+        ("fresh", "q8b"),
+    ):
+        raw = json.loads((tmp_path / written / "config.json").read_text())
+        assert raw["transformers_version"] == writer
+        if written == "fresh":  # each generation's own spelling only
+            assert ("rope_parameters" in raw) == (writer != "4.57.1")
+            assert ("rope_theta" in raw) == (writer == "4.57.1")
+        got, want = (
+            export_dict(load_config(tmp_path / written)),
+            export_dict(load_config(drafters[src])),
+        )
+        for k in ("transformers_version",):
+            got.pop(k), want.pop(k)
+        assert got == want, (
+            written,
+            {k for k in got.keys() | want.keys() if got.get(k) != want.get(k)},
+        )
