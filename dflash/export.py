@@ -76,10 +76,12 @@ def _rope(raw: dict[str, Any], source: str) -> dict[str, Any]:
         params = {"rope_type": "default", "rope_theta": theta if theta is not None else 10000.0}
         scaling = raw.get("rope_scaling")
         if scaling:
-            params.update(_legacy_scaling(scaling))
+            params.update(_legacy_scaling(scaling, source))
     params["rope_type"] = params.pop("type", None) or params.get("rope_type") or "default"
     if "rope_scaling" in raw:  # stated (null or a dict): it must say what rope_parameters says
-        stated = _legacy_scaling(raw["rope_scaling"]) if raw["rope_scaling"] else None
+        stated = _legacy_scaling(raw["rope_scaling"], source) if raw["rope_scaling"] else None
+        if stated == {"rope_type": "default"}:  # 4.x's explicit spelling of plain RoPE
+            stated = None
         implied = _scaling_of(params)
         if not _same(stated, implied):
             raise _refuse(
@@ -90,9 +92,9 @@ def _rope(raw: dict[str, Any], source: str) -> dict[str, Any]:
     return params
 
 
-def _legacy_scaling(scaling: Any) -> dict[str, Any]:
+def _legacy_scaling(scaling: Any, source: str) -> dict[str, Any]:
     if not isinstance(scaling, dict):
-        raise DrafterConfigError(f"rope_scaling: expected a dict or null, got {scaling!r}")
+        raise _refuse(source, "rope_scaling", f"expected a dict or null, got {scaling!r}")
     out = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")}
     out["rope_type"] = scaling.get("rope_type") or scaling.get("type") or "default"
     return out

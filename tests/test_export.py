@@ -239,3 +239,12 @@ def test_eval_refuses_a_drafter_with_another_rope_than_its_target():
     other = DFlashDraftModel(config_from_dict(raw))
     with pytest.raises(TargetMismatch, match="RoPE: drafter .*1000000.0.*, target .*10000.0"):
         check_pair(model, tok, other)
+
+
+def test_plain_rope_stated_the_4x_way_loads():
+    d = legacy_v4(export_dict(q8b_drafter_config()))
+    d["rope_scaling"] = {"rope_type": "default"}
+    assert normalize(d)["rope_parameters"] == {"rope_type": "default", "rope_theta": 1e6}
+    d["rope_scaling"] = "linear"
+    with pytest.raises(DrafterConfigError, match="rope_scaling: expected a dict or null"):
+        normalize(d)
