@@ -193,3 +193,30 @@ def test_docs_list_every_catalogue_entry_and_code():
     assert missing == [], "add these settings to docs/doctor.md"
     for code in ("STARTUP_HOOK", "MODULE_SHADOWED", "BUILD_MISMATCH", "FILE_MODIFIED"):
         assert f"`{code}`" in text
+
+
+def test_quick_verify_hashes_what_moved_and_caps_a_stale_baseline(tmp_path, monkeypatch):
+    import base64
+
+    from dflash.envcheck import verify as verify_mod
+
+    monkeypatch.setenv("DFLASH_COMPILE_CACHE_ROOT", str(tmp_path / "cache" / "compile"))
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "a.py").write_text("x = 1\n")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(b"x = 1\n").digest()).rstrip(b"=").decode()
+    info = site / "pkg-1.0.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_text(f"pkg/a.py,sha256={digest},6\npkg-1.0.dist-info/RECORD,,\n")
+    d = {"name": "pkg", "version": "1.0", "site_dir": str(site), "dist_info": str(info)}
+    d |= {"n_files": 1, "resized": [], "stat_digest": "now"}
+    unmoved = verify_mod.verify([d], str(tmp_path), built={str(info): "now"})
+    assert (unmoved.hashed, unmoved.modified, unmoved.baseline) == (0, [], "the image manifest")
+    moved = verify_mod.verify([d], str(tmp_path), built={str(info): "at build"})
+    assert (moved.hashed, moved.modified) == (1, [])
+    (site / "pkg" / "a.py").write_text("x = 2\n")  # same size, other content
+    (bad,) = verify_mod.verify([d], str(tmp_path), built={str(info): "at build"}).modified
+    assert bad[0].rel == "pkg/a.py" and "RECORD sha256" in bad[1]
+    monkeypatch.setattr(verify_mod, "QUICK_MAX_BYTES", 0)
+    capped = verify_mod.verify([d], str(tmp_path), built={str(info): "at build"})
+    assert (capped.stale, capped.hashed, capped.modified) == (1, 0, [])

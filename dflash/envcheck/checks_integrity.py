@@ -37,6 +37,18 @@ def check_integrity(ctx: Context) -> list[Finding]:
             },
         )
     ]
+    if res.stale:
+        findings.append(
+            Finding(
+                "warning",
+                "RECORD_BASELINE_STALE",
+                f"the files of {res.stale} distributions changed size or mtime since the "
+                f"baseline ({res.baseline}): more than a default run hashes, so they went "
+                "unchecked",
+                "run `dflash doctor --verify` once: it hashes every file and renews the baseline",
+                {"distributions": res.stale, "baseline": res.baseline},
+            )
+        )
     by_dist: dict[tuple[str, str], list] = {}
     for entry, why in res.modified:
         by_dist.setdefault((entry.dist, entry.version), []).append((entry, why))

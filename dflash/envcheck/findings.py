@@ -66,6 +66,7 @@ CODES: dict[str, str] = {
     # 9. installed files against RECORD hashes
     "RECORD_VERIFIED": "how many installed files were checked against RECORD, and how",
     "FILE_MODIFIED": "an installed file no longer matches its RECORD sha256",
+    "RECORD_BASELINE_STALE": "too many files moved since the hash baseline: run --verify",
     # 10. build identity and ABI pairs
     "BUILD_MISMATCH": "the locked version, but another build than the lock's wheel",
     "ABI_PAIR_MISMATCH": "a package built for another torch/triton than the installed one",

@@ -218,7 +218,8 @@ def collect_distributions() -> dict[str, Any]:
                 missing.append(rel)
                 continue
             stats[full] = st.st_size
-            stat_hash.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            # whole seconds: image layers (tar) may not keep sub-second mtimes
+            stat_hash.update(f"{rel}\0{st.st_size}\0{int(st.st_mtime)}\n".encode())
             if size is not None and st.st_size != size:
                 resized.append([rel, st.st_size, size])
             if is_shared_lib(rel):

@@ -36,6 +36,7 @@ from typing import Any
 from .paths import verify_baseline_path
 
 CHUNK = 1 << 22
+QUICK_MAX_BYTES = 512 << 20  # what a default run hashes at most (~0.5 s on one core)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Result:
     hashed_bytes: int = 0
     seconds: float = 0.0
     baseline: str | None = None  # path of the baseline used or written
+    stale: int = 0  # distributions left unhashed: too much moved since the baseline
     modified: list[tuple[Entry, str]] = field(default_factory=list)  # (entry, why)
 
 
@@ -168,8 +170,13 @@ def verify(
                 st = os.stat(e.path)
             except OSError:
                 continue  # missing files are FILE_MISSING's
-            if full or files.get(e.path) != [st.st_size, st.st_mtime_ns]:
+            if full or files.get(e.path) != [st.st_size, int(st.st_mtime)]:
                 todo.append((e, st))
+    if not full and sum(st.st_size for _, st in todo) > QUICK_MAX_BYTES:
+        # Most of the environment moved since the baseline (a copy that reset mtimes):
+        # hashing it on every run would make the default run a --verify.
+        result.stale = len({e.dist for e, _ in todo})
+        todo = []
     enabled = sys.stderr.isatty() if progress is None else progress
     bar = Progress(sum(st.st_size for _, st in todo), enabled)
 
@@ -192,7 +199,7 @@ def verify(
                 result.modified.append((e, why))
             else:
                 key = info_of.get((e.dist, e.version), "")
-                ok.setdefault(key, {})[e.path] = [st.st_size, st.st_mtime_ns]
+                ok.setdefault(key, {})[e.path] = [st.st_size, int(st.st_mtime)]
     bar.close()
     if full:
         bad = {info_of.get((e.dist, e.version)) for e, _ in result.modified}
