@@ -66,9 +66,9 @@ image-key VARIANT *ARGS:
 rmi VARIANT *ARGS:
     {{images}} rm {{VARIANT}} {{ARGS}}
 
-# Image tests against the built VARIANT image: no-op rebuild, labels, in-place mutation
+# Tests against the built VARIANT image: no-op rebuild, labels, and containers started from it (doctor, train, stop/resume, pip install, bench)
 test-images VARIANT="cu128": setup
-    DFLASH_TEST_IMAGE="$({{images}} tag {{VARIANT}})" {{run}} pytest tests/test_images.py -ra
+    DFLASH_TEST_IMAGE="$({{images}} tag {{VARIANT}})" {{run}} pytest tests/test_images.py tests/test_containers.py -ra
 
 # --- Throughput benchmarks (docs/bench.md). Store: $DFLASH_BENCH_STORE or ~/.cache/dflash/bench
 

@@ -1,13 +1,15 @@
 """Run the benchmark inside an image and key the record by the image itself.
 
-Preferred: the Docker Engine API (the `docker` package; podman's compatible socket
-works too), a container with every GPU. Where the host cannot start containers (a
-rootless sandbox where the OCI runtime fails), fall back to `buildah from` +
-`buildah run --isolation=chroot`, which runs a command in the image's filesystem
-without a container runtime. Either way the image's own `dflash bench run --emit`
-measures and prints its record; this side adds the image id, digest and labels read
-from the engine, sets the environment key to the image id, says which runner was
-used, and stores and compares the record like any other.
+Preferred: a container started through the Docker Engine API (the `docker` package,
+against $DOCKER_HOST or the default socket; podman's `podman system service` socket
+works too), with every GPU for a CUDA workload. Only where no engine answers, or the
+engine answers but cannot start a container (a sandbox whose OCI runtime fails), does
+`--engine auto` fall back to `buildah from` + `buildah run --isolation=chroot`, which
+runs a command in the image's filesystem without a container runtime. Either way the
+image's own `dflash bench run --emit` measures and prints its record; this side adds
+the image id, digest and labels read from the engine, sets the environment key to the
+image id, records which runner ran it and why (`runner_reason`), and stores and
+compares the record like any other.
 """
 
 from __future__ import annotations
@@ -48,13 +50,29 @@ def parse_record(output: str) -> dict[str, Any]:
     raise RuntimeError("the in-image bench printed no record:\n" + output[-3000:])
 
 
-def attach_image(rec: dict[str, Any], info: dict[str, Any], runner: str) -> dict[str, Any]:
+def attach_image(
+    rec: dict[str, Any], info: dict[str, Any], runner: str, reason: str
+) -> dict[str, Any]:
     env = rec["environment"]
-    env.update(kind="image", key=info["id"], runner=runner, image=info)
+    env.update(kind="image", key=info["id"], runner=runner, runner_reason=reason, image=info)
     return rec
 
 
+def wants_gpus(workload: str) -> bool:
+    from dflash.bench.workloads import WORKLOADS
+
+    return WORKLOADS[workload].device == "cuda"
+
+
+class CannotStartContainer(RuntimeError):
+    """The engine answered but could not create or start the container."""
+
+
 # ------------------------------------------------------------------ Docker Engine API
+def engine_address() -> str:
+    return os.environ.get("DOCKER_HOST") or "the default Docker socket"
+
+
 def docker_client():
     """A client for $DOCKER_HOST / the default socket, or None if none answers."""
     try:
@@ -69,6 +87,16 @@ def docker_client():
         return None
 
 
+def engine_name(client) -> str:
+    """E.g. "Podman Engine 4.3.1" or "Engine 27.1.0" (Docker), for the record."""
+    try:
+        version = client.version()
+    except Exception:  # noqa: BLE001 - the name is informative only
+        return "unknown engine"
+    parts = [f"{c.get('Name')} {c.get('Version')}" for c in version.get("Components") or []]
+    return parts[0] if parts else f"engine {version.get('Version')}"
+
+
 def docker_image_info(client, ref: str) -> dict[str, Any]:
     img = client.images.get(ref)
     return {
@@ -80,25 +108,47 @@ def docker_image_info(client, ref: str) -> dict[str, Any]:
     }
 
 
-def docker_run_kwargs(command: list[str], env: dict[str, str]) -> dict[str, Any]:
+def docker_run_kwargs(command: list[str], env: dict[str, str], gpus: bool) -> dict[str, Any]:
     from docker.types import DeviceRequest
 
-    return {
+    kwargs: dict[str, Any] = {
         # The image's entrypoint is `dflash`; the command carries the whole argv.
         "entrypoint": [command[0]],
         "command": command[1:],
         "environment": env,
-        "device_requests": [DeviceRequest(count=-1, capabilities=[["gpu"]])],  # all GPUs
-        "shm_size": "16g",  # dataloader and NCCL shared memory
+        # The host's IPC namespace, hence its /dev/shm, for dataloader and NCCL shared
+        # memory. No shm_size with it: it sizes a private /dev/shm, and podman refuses
+        # the pair ("cannot set shmsize when running in the host IPC Namespace").
         "ipc_mode": "host",
-        "detach": True,
     }
+    if gpus:  # Docker without the NVIDIA runtime refuses any GPU request, so only on need
+        kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    return kwargs
 
 
 def run_docker(client, args, log: Callable[[str], object]) -> dict[str, Any]:
-    info = docker_image_info(client, args.image)
-    kwargs = docker_run_kwargs(inner_command(args), inner_env(info))
-    container = client.containers.run(args.image, **kwargs)
+    import docker.errors
+
+    try:
+        info = docker_image_info(client, args.image)
+    except docker.errors.ImageNotFound:
+        raise RuntimeError(
+            f"image {args.image} not found by the engine at {engine_address()}: build it "
+            "there (`just build cu128`) or point DOCKER_HOST at the engine that has it"
+        ) from None
+    kwargs = docker_run_kwargs(inner_command(args), inner_env(info), wants_gpus(args.workload))
+    container = None
+    try:
+        # By id: the record is keyed by this image even if the tag moves meanwhile.
+        # Create and start apart, so that a container that cannot start is removed.
+        container = client.containers.create(info["id"], **kwargs)
+        container.start()
+    except docker.errors.APIError as exc:
+        if container is not None:
+            container.remove(force=True)
+        raise CannotStartContainer(
+            f"the engine at {engine_address()} could not start a container: {exc}"
+        ) from exc
     try:
         for chunk in container.logs(stream=True, stdout=False, stderr=True):
             log(chunk.decode(errors="replace").rstrip())
@@ -108,7 +158,8 @@ def run_docker(client, args, log: Callable[[str], object]) -> dict[str, Any]:
         container.remove(force=True)
     if status.get("StatusCode") != 0:
         raise RuntimeError(f"in-image bench exited {status.get('StatusCode')}:\n{out[-3000:]}")
-    return attach_image(parse_record(out), info, "docker-api")
+    reason = f"a container started through the Docker Engine API at {engine_address()}"
+    return attach_image(parse_record(out), info, "docker-api", f"{reason} ({engine_name(client)})")
 
 
 # ----------------------------------------------------------------- buildah fallback
@@ -139,7 +190,7 @@ def buildah_run_command(container: str, command: list[str], env: dict[str, str])
     return [*cmd, container, "--", *command]
 
 
-def run_buildah(args, log: Callable[[str], object]) -> dict[str, Any]:
+def run_buildah(args, log: Callable[[str], object], reason: str) -> dict[str, Any]:
     info = buildah_image_info(args.image)
     container = subprocess.run(
         ["buildah", "from", "--pull-never", args.image],
@@ -154,16 +205,27 @@ def run_buildah(args, log: Callable[[str], object]) -> dict[str, Any]:
         subprocess.run(["buildah", "rm", container], capture_output=True, timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"in-image bench exited {proc.returncode}:\n{proc.stdout[-3000:]}")
-    return attach_image(parse_record(proc.stdout), info, "buildah-chroot")
+    return attach_image(parse_record(proc.stdout), info, "buildah-chroot", reason)
 
 
 def run_in_image(args: argparse.Namespace, log: Callable[[str], object]) -> dict[str, Any]:
-    client = docker_client() if args.engine in ("auto", "docker") else None
-    if client is not None:
-        return run_docker(client, args, log)
-    if args.engine == "docker":
-        raise RuntimeError("no Docker Engine API answers (install `docker`, set DOCKER_HOST)")
+    """`--engine docker`: a container or an error. `buildah`: the chroot runner.
+    `auto`: a container where one can start, else buildah, saying why in the record."""
+    if args.engine == "buildah":
+        return run_buildah(args, log, "--engine buildah")
+    client = docker_client()
+    if client is None:
+        why = f"no Docker Engine API answers at {engine_address()}"
+        if args.engine == "docker":
+            raise RuntimeError(f"{why}: start the engine or set DOCKER_HOST to its socket")
+    else:
+        try:
+            return run_docker(client, args, log)
+        except CannotStartContainer as exc:
+            if args.engine == "docker":
+                raise
+            why = str(exc)
     if shutil.which("buildah") is None:
-        raise RuntimeError("no Docker Engine API and no buildah: cannot run in an image")
-    log("no Docker Engine API reachable: falling back to buildah run --isolation=chroot")
-    return run_buildah(args, log)
+        raise RuntimeError(f"{why}, and buildah is not installed: cannot run in an image")
+    log(f"{why}: falling back to buildah run --isolation=chroot")
+    return run_buildah(args, log, f"fallback: {why}")
