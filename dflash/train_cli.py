@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import types
@@ -134,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
         return 0
     bare = all(v is None for k, v in vars(args).items() if not k.startswith("_"))
+    if args.config is None and args.resume and args.out:
+        args.config = _started_from(Path(args.out))  # continue the run as it was started
     if args.config is None and Path(recipes.RECIPE_FILE).is_file():
         args.config = recipes.RECIPE_FILE
         bare = False
@@ -180,6 +183,17 @@ def run(args: argparse.Namespace) -> int:
     if bare:
         print(NEXT_STEPS)
     return 0
+
+
+def _started_from(run_dir: Path) -> str | None:
+    """The recipe file a run was started from, if it still exists (for --resume)."""
+    from dflash.checkpoint import RUN_FILE
+
+    try:
+        path = json.loads((run_dir / RUN_FILE).read_text())["config"].get("config")
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+    return path if path and Path(path).is_file() else None
 
 
 def _preflight(cfg: TrainConfig):

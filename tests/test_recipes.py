@@ -135,9 +135,10 @@ def test_default_out_is_runs_preset_utc_time(tmp_path, monkeypatch):
     assert "every rank needs the same run directory" in error()
 
 
-def test_dflash_toml_in_the_working_directory(tmp_path):
-    """`dflash train` reads ./dflash.toml; flags override it; run.json keeps its sha256."""
-    text = "max_steps = 2\nlog_every = 1\nwandb = 'off'\nout = 'runs/from-recipe'\n"
+def test_dflash_toml_in_the_working_directory_and_resume(tmp_path):
+    """`dflash train` reads ./dflash.toml; flags override it; run.json keeps its sha256;
+    `--resume` elsewhere continues from that recipe."""
+    text = "max_steps = 2\nlog_every = 1\nwandb = 'off'\nlr = 1e-3\nout = 'runs/from-recipe'\n"
     (tmp_path / "dflash.toml").write_text(text)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     res = subprocess.run(
@@ -160,6 +161,22 @@ def test_dflash_toml_in_the_working_directory(tmp_path):
     }
     assert record["config"]["max_steps"] == 3 and record["config"]["log_every"] == 1
     assert "That was the tiny preset" not in res.stdout  # a recipe is not the bare default
+    # --resume from elsewhere, without --config: the run continues from the recipe it
+    # was started from (its lr differs from the preset's, so the preset would not do).
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = subprocess.run(
+        [sys.executable, "-m", "dflash", "train", "--resume", "--out", str(run_dir)]
+        + ["--max-steps", "4"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
 
 
 def test_wheel_ships_the_recipes(tmp_path):
