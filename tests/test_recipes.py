@@ -184,7 +184,7 @@ def test_wheel_ships_the_recipes(tmp_path):
     uv = shutil.which("uv")
     assert uv, "uv is needed to build the wheel (CI installs it)"
     subprocess.run(
-        [uv, "build", "--wheel", "--offline", "-q", "-o", str(tmp_path)],
+        [uv, "build", "--wheel", "-q", "-o", str(tmp_path)],
         cwd=ROOT,
         check=True,
         timeout=300,
