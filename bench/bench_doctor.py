@@ -1,6 +1,6 @@
 """Time `dflash doctor` and `dflash env fingerprint` on a clean environment.
 
-    python bench/bench_doctor.py [--python PATH] [--runs N]
+    python bench/bench_doctor.py [--python PATH] [--runs N] [--verify]
 
 Each command runs N times as a fresh process (what a user or the trainer's
 preflight pays); prints min / median / max wall seconds. The machine is shared:
@@ -34,6 +34,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="environment to audit")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="also time `doctor --no-import --verify` (hashes every installed file: "
+        "tens of seconds for a torch environment)",
+    )
     args = parser.parse_args()
     base = [sys.executable, "-m", "dflash.cli"]
     cases = {
@@ -47,6 +53,8 @@ def main() -> int:
         "doctor --no-import": [*base, "doctor", "--json", "--no-import", "--python", args.python],
         "env fingerprint": [*base, "env", "fingerprint", "--python", args.python],
     }
+    if args.verify:
+        cases["doctor --no-import --verify"] = [*cases["doctor --no-import"], "--verify"]
     print(f"python: {args.python}; {args.runs} runs each")
     for name, cmd in cases.items():
         subprocess.run(cmd, cwd=REPO, capture_output=True)  # warm the page cache
