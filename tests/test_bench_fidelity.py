@@ -36,7 +36,9 @@ def root(tmp_path):
     """A scratch directory on the uv cache's filesystem, so venvs are hard links."""
     uv = shutil.which("uv")
     assert uv, "uv is required on PATH (the Justfile and .ci/run install it)"
-    cache = Path(subprocess.run([uv, "cache", "dir"], capture_output=True, text=True).stdout.strip())
+    cache = Path(
+        subprocess.run([uv, "cache", "dir"], capture_output=True, text=True).stdout.strip()
+    )
     cache.mkdir(parents=True, exist_ok=True)
     where = tmp_path
     if os.stat(cache).st_dev != os.stat(tmp_path).st_dev:
