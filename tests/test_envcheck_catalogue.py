@@ -220,3 +220,18 @@ def test_quick_verify_hashes_what_moved_and_caps_a_stale_baseline(tmp_path, monk
     monkeypatch.setattr(verify_mod, "QUICK_MAX_BYTES", 0)
     capped = verify_mod.verify([d], str(tmp_path), built={str(info): "at build"})
     assert (capped.stale, capped.hashed, capped.modified) == (1, 0, [])
+
+
+def test_egg_link_install_is_an_editable_install(lock_path):
+    from dflash.envcheck.checks_startup import check_startup as check
+
+    old = dist("numpy", "2.3.0")
+    old["site_dir"] = "/home/u/src/numpy"  # its .egg-info lies in the checkout
+    old["dist_info"] = "/home/u/src/numpy/numpy.egg-info"
+    ctx = build_ctx(lock_path, torch_dist())
+    ctx.static["distributions"] = [d for d in ctx.static["distributions"] if d["name"] != "numpy"]
+    ctx.static["distributions"].append(old)
+    ctx.__dict__.pop("by_name", None)  # the cached index of distributions
+    ctx.probe.startup = {"path": [], "hooks": [], "distributions": []}
+    (found,) = [f for f in check(ctx) if f.code == "EDITABLE_INSTALL"]
+    assert found.details["source"] == "/home/u/src/numpy" and found.severity == "warning"

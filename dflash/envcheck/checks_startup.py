@@ -153,12 +153,21 @@ def _shadowing(ctx: Context, data: dict[str, Any]) -> list[Finding]:
 
 
 def _editable(ctx: Context) -> list[Finding]:
+    """PEP 660 editables say so in direct_url.json; `setup.py develop` leaves an
+    .egg-link and a path line in easy-install.pth, so its metadata lies in the
+    checkout, outside every site dir."""
     locked = _locked(ctx)
+    sites = {os.path.normpath(s) for s in ctx.site_dirs}
     findings = []
     for d in ctx.dists:
-        if not d.get("editable") or d["canonical"] == ROOT_NAME or d["canonical"] not in locked:
+        elsewhere = os.path.normpath(d["site_dir"]) not in sites and str(
+            d.get("dist_info", "")
+        ).endswith(".egg-info")
+        if d["canonical"] == ROOT_NAME or d["canonical"] not in locked:
             continue
-        source = str(d.get("direct_url") or "")
+        if not (d.get("editable") or elsewhere):
+            continue
+        source = str(d.get("direct_url") or "") if d.get("editable") else d["site_dir"]
         source = source[len("file://") :] if source.startswith("file://") else source
         findings.append(
             Finding(
