@@ -135,6 +135,7 @@ def test_default_out_is_runs_preset_utc_time(tmp_path, monkeypatch):
     assert "every rank needs the same run directory" in error()
 
 
+@pytest.mark.slow
 def test_dflash_toml_in_the_working_directory_and_resume(tmp_path):
     """`dflash train` reads ./dflash.toml; flags override it; run.json keeps its sha256;
     `--resume` elsewhere continues from that recipe."""
