@@ -157,6 +157,33 @@ def with_baseline_variables(env: Any, base: dict[str, Any]) -> Any:
     return dataclasses.replace(env, variables=dict(recorded), unset=unset)
 
 
+def add_image_pairs(store: Store, rec: dict[str, Any], args: argparse.Namespace) -> None:
+    """Pairs of containers, candidate image and the baseline's image (image_env.py)."""
+    from dflash.bench.image_env import image_pair_envs
+    from dflash.bench.runner import run_pairs, summarize
+    from dflash.bench.workloads import Workload
+
+    envs = (
+        "--no-paired" if args.no_paired else image_pair_envs(rec, store.baseline(baseline_key(rec)))
+    )
+    if isinstance(envs, str):
+        _log(f"  no paired baseline: {envs}")
+        rec["paired"] = {"available": False, "reason": envs}
+        return
+    cand, base = envs
+    w = Workload.from_definition(rec["workload"]["definition"])
+    _log(f"  paired with the baseline's {base.origin}, one container per repeat")
+    c, b = run_pairs(w, cand, base, _log)
+    rec["paired"] = {
+        "available": True,
+        "env": base.describe(),
+        "repeats": b,
+        "summary": summarize(w, b),
+        "candidate_repeats": c,
+        "candidate_summary": summarize(w, c),
+    }
+
+
 def verdict_for(store: Store, rec: dict[str, Any], args) -> tuple[Comparison | None, Any]:
     base = store.baseline(baseline_key(rec))
     if base is None:
@@ -171,6 +198,8 @@ def do_run(args: argparse.Namespace) -> int:
         from dflash.bench.image import run_in_image
 
         rec = run_in_image(args, _log)
+        if not args.emit:
+            add_image_pairs(Store(args.store), rec, args)
     else:
         rec = measure(args)
     if args.emit:  # inside an image: hand the record to the host, which stores it

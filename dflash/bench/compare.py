@@ -201,16 +201,19 @@ def _apply_paired(
     from dflash.bench.paired import paired_verdict
 
     beside = {"summary": paired["summary"]}
+    # Image runs measure the candidate twice: its own in-image run (the record's
+    # summary) and its half of each pair; the pairs decide.
+    mine = {"summary": paired.get("candidate_summary") or cur["summary"]}
     pr = paired_verdict(
-        paired_samples(cur["summary"]), paired_samples(beside["summary"]), alpha, min_effect
+        paired_samples(mine["summary"]), paired_samples(beside["summary"]), alpha, min_effect
     )
     out.method, out.paired, out.verdict = "paired", pr.to_dict(), pr.verdict
     out.ratio, out.ci, out.confidence = pr.ratio, pr.ci, pr.confidence
     out.p_slower, out.p_faster = pr.p_slower, pr.p_faster
-    out.stages = stage_changes(beside, cur)
-    out.machine_speed = machine_speed(beside, cur)
+    out.stages = stage_changes(beside, mine)
+    out.machine_speed = machine_speed(beside, mine)
     if beside["summary"].get("uncorrected_samples"):  # then the verdict's samples are raw:
         out.uncorrected_ratio = pr.ratio  # say what the corrected ones would have given
         out.paired["corrected_ratio"] = paired_verdict(
-            cur["summary"]["samples"], beside["summary"]["samples"], alpha, min_effect
+            mine["summary"]["samples"], beside["summary"]["samples"], alpha, min_effect
         ).ratio

@@ -54,6 +54,13 @@ class BenchEnv:
         env[SPAWN_TIME_ENV] = repr(time.time())
         return env
 
+    @property
+    def where(self) -> str:
+        return str(self.python)
+
+    def run(self, spec: Path, out: Path, timeout: float) -> int:
+        return run_worker(self, spec, out, timeout)
+
     def describe(self) -> dict[str, Any]:
         return {
             "label": self.label,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dflash.bench.envs import BenchEnv, run_worker
+from dflash.bench.envs import BenchEnv
 from dflash.bench.stats import median
 from dflash.bench.workloads import Workload
 
@@ -47,16 +47,16 @@ def run_one(
     out = tmp / f"{env.label}-repeat{index}.json"
     t0 = time.perf_counter()
     try:
-        code = run_worker(env, spec, out, REPEAT_TIMEOUT_S)
+        code = env.run(spec, out, REPEAT_TIMEOUT_S)  # a BenchEnv or an image_env.ImageEnv
     except OSError as exc:
-        raise RepeatFailed(f"{env.label} repeat {index}: cannot start {env.python}: {exc}") from exc
+        raise RepeatFailed(f"{env.label} repeat {index}: cannot start {env.where}: {exc}") from exc
     except subprocess.TimeoutExpired as exc:
         raise RepeatFailed(
             f"{env.label} repeat {index} did not finish in {REPEAT_TIMEOUT_S:.0f} s"
         ) from exc
     if code != 0 or not out.exists():
         raise RepeatFailed(
-            f"{env.label} repeat {index} ({env.python}) exited with {code} (traceback above)"
+            f"{env.label} repeat {index} ({env.where}) exited with {code} (traceback above)"
         )
     res = json.loads(out.read_text())
     res.update(repeat=index, process_s=time.perf_counter() - t0, env=env.label)

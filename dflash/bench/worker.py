@@ -218,7 +218,20 @@ def startup_s(environ: dict[str, str] | None = None) -> float:
 
 
 def main(argv: list[str]) -> int:
+    """SPEC and OUT are files; `-` `-` (in a container, image_env.py): the workload from
+    $DFLASH_BENCH_SPEC, the result to stdout behind a marker."""
     spec_path, out_path = argv
+    if spec_path == "-":
+        import tempfile
+
+        from dflash.bench.image_env import RESULT_MARKER, SPEC_ENV
+
+        spec = json.loads(os.environ[SPEC_ENV])
+        with tempfile.TemporaryDirectory(prefix="dflash-bench-") as scratch:
+            result = run_repeat(spec, scratch)
+        result["startup_s"] = startup_s()
+        print(RESULT_MARKER + json.dumps(result), flush=True)
+        return 0
     spec = json.loads(Path(spec_path).read_text())
     result = run_repeat(spec, str(Path(out_path).parent / "scratch"))
     result["startup_s"] = startup_s()
