@@ -7,7 +7,7 @@ Standard library only, so it runs with the system Python before any venv exists.
   python3 images/build.py key VARIANT [-v]      print the content key (-v: every input)
   python3 images/build.py tag VARIANT           print the image tag for the current sources
   python3 images/build.py build VARIANT [--no-smoke] [--no-pointers]
-  python3 images/build.py rm VARIANT [--all] [--base] [--cache]
+  python3 images/build.py rm VARIANT [--all] [--base] [--cache] [--force]
 
 An image is named by its content key: sha256 over the variant, the base image id,
 the Dockerfile, .dockerignore and every file the Dockerfile copies (pyproject.toml,
@@ -495,6 +495,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     else:
         targets = [key_tag(image, args.variant, content_key(ROOT, args.variant, base_id))]
     ids = {eng.image_id(t) for t in targets} - {None}
+    refuse_baseline_images(ids, args.force)
     for ref in (f"{image}:{args.variant}", f"{image}:latest"):
         if eng.image_id(ref) in ids:
             targets.append(ref)
@@ -514,6 +515,22 @@ def cmd_rm(args: argparse.Namespace) -> int:
             print(f"removing {t}")
             eng.untag_or_remove(t)
     return 0
+
+
+def refuse_baseline_images(ids: set[str], force: bool) -> None:
+    """An accepted bench baseline's image is what `dflash bench run --image` measures
+    beside the next candidate: removing it must be said out loud (--force)."""
+    sys.path.insert(0, str(ROOT))
+    from dflash.bench.store import baseline_images, default_root
+
+    kept = {i: keys for i, keys in baseline_images().items() if i in ids}
+    if kept and not force:
+        image_id, keys = next(iter(kept.items()))
+        raise BuildError(
+            f"image {image_id[:19]} is the accepted bench baseline of {', '.join(keys)} (store "
+            f"{default_root()}): --force removes it anyway (paired image benches of that key "
+            "then fall back to the stored numbers)"
+        )
 
 
 def uv_cache_mount_dirs(eng: Engine) -> list[Path]:
@@ -550,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "rm":
             s.add_argument("--all", action="store_true", help="every key tag of the variant")
             s.add_argument("--base", action="store_true", help="also the base image")
+            s.add_argument(
+                "--force", action="store_true", help="even an accepted bench baseline's image"
+            )
             s.add_argument(
                 "--cache",
                 action="store_true",

@@ -102,3 +102,26 @@ def test_second_image_run_is_paired_with_the_baseline_image(tmp_path):
     assert rec["comparison"]["method"] == "paired", second.stdout
     assert rec["paired"]["env"]["image"]["id"] == rec["environment"]["image"]["id"]
     assert len(rec["paired"]["candidate_repeats"]) == len(rec["paired"]["repeats"]) == 2
+
+
+def test_rmi_refuses_an_accepted_baselines_image_without_force(tmp_path, monkeypatch):
+    import importlib.util
+
+    from dflash.bench.store import Store, baseline_images
+
+    spec = importlib.util.spec_from_file_location(
+        "dflash_images_build", Path(__file__).resolve().parents[1] / "images" / "build.py"
+    )
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    monkeypatch.setenv("DFLASH_BENCH_STORE", str(tmp_path))
+    image_id = "sha256:" + "a" * 64
+    store = Store(tmp_path)
+    rec = image_record(image_id)
+    store.add(rec)
+    store.accept(rec, reason="test")
+    assert list(baseline_images()) == [image_id]
+    with pytest.raises(build.BuildError, match="accepted bench baseline of tiny-cpu--cu128--"):
+        build.refuse_baseline_images({image_id, "sha256:other"}, force=False)
+    build.refuse_baseline_images({image_id}, force=True)
+    build.refuse_baseline_images({"sha256:other"}, force=False)

@@ -201,3 +201,20 @@ class Store:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def baseline_images(root: str | os.PathLike[str] | None = None) -> dict[str, list[str]]:
+    """Image id -> the baseline keys whose accepted record ran in that image. Standard
+    library only: images/build.py (`just rmi`) reads it without the project's venv."""
+    store = Store(root)
+    out: dict[str, list[str]] = {}
+    for ptr in sorted((store.root / "baselines").glob("*.json")):
+        try:
+            rec = store.find(json.loads(ptr.read_text(encoding="utf-8"))["record"])
+        except (BenchInputError, json.JSONDecodeError, KeyError, TypeError):
+            continue  # an unreadable pointer protects nothing; `bench accept` repairs it
+        env = rec.get("environment") or {}
+        image_id = (env.get("image") or {}).get("id")
+        if env.get("kind") == "image" and image_id:
+            out.setdefault(image_id, []).append(ptr.stem)
+    return out
