@@ -109,7 +109,7 @@ def test_bisect_names_the_one_slow_package_out_of_eight(root):  # noqa: F811
     uv("pip", "install", "-q", "--python", str(bad / "bin" / "python"), *map(str, wheels))
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "dflash"), "bench", "bisect", str(good), str(bad),
-         "--store", str(root / "store")],
+         "--steps", "10", "--store", str(root / "store")],
         capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     out = proc.stdout

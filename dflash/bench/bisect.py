@@ -84,6 +84,8 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
         print(f"GOOD ({args.good}) and BAD ({args.bad}) hold the same distributions")
         return 0
     w = get_workload(args.workload).with_changes(repeats=args.pairs)
+    if args.steps:  # only compared within this run, so the step count is free
+        w = w.with_changes(steps=args.steps)
     min_effect = args.min_effect if args.min_effect is not None else w.min_effect
     bound = ddmin_bound(len(changes))
     print(f"{len(changes)} differences between GOOD and BAD:")
@@ -159,6 +161,7 @@ def add_arguments(sub) -> None:
     b.add_argument("bad", help="the slow environment: a venv directory or its python")
     b.add_argument("--workload", default="tiny-cpu")
     b.add_argument("--pairs", type=int, default=5, help="pairs per measurement (default 5)")
+    b.add_argument("--steps", type=int, help="steady steps per repeat (default: the workload's)")
     b.add_argument("--alpha", type=float, default=0.05)
     b.add_argument("--min-effect", type=float, help="default: the workload's")
     b.add_argument("--json", action="store_true", help="also print every step as JSON")

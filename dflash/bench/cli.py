@@ -287,6 +287,9 @@ def check_args(args: argparse.Namespace) -> None:
         n = getattr(args, flag, None)
         if n is not None and n < 2:
             raise BenchInputError(f"--{flag} {n}: at least 2 (a verdict needs pairs)")
+    steps = getattr(args, "steps", None)
+    if steps is not None and steps < 1:
+        raise BenchInputError(f"--steps {steps}: at least 1")
     alpha = getattr(args, "alpha", None)
     if alpha is not None and not 0.0 < alpha < 1.0:
         raise BenchInputError(f"--alpha {alpha}: a significance level in (0, 1), e.g. 0.05")
