@@ -173,7 +173,12 @@ def add_image_pairs(store: Store, rec: dict[str, Any], args: argparse.Namespace)
     cand, base = envs
     w = Workload.from_definition(rec["workload"]["definition"])
     _log(f"  paired with the baseline's {base.origin}, one container per repeat")
-    c, b = run_pairs(w, cand, base, _log)
+    try:
+        c, b = run_pairs(w, cand, base, _log)
+    except RepeatFailed as exc:  # e.g. a baseline image from before `bench worker`
+        _log(f"  no paired verdict: {exc}")
+        rec["paired"] = {"available": False, "reason": f"a paired repeat failed: {exc}"}
+        return
     rec["paired"] = {
         "available": True,
         "env": base.describe(),
