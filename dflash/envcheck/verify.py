@@ -74,6 +74,8 @@ def record_entries(dists: Iterable[dict[str, Any]]) -> list[Entry]:
         for row in csv.reader(text.splitlines()):
             if len(row) < 2 or not row[1].startswith("sha256="):
                 continue  # RECORD itself, byte-code caches: unhashed by design
+            if "__pycache__" in row[0] or row[0].endswith(".pyc"):
+                continue  # byte code pip recorded: Python rewrites it when the source changes
             size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
             full = os.path.normpath(os.path.join(d["site_dir"], row[0]))
             out.append(Entry(d["name"], d["version"], full, row[0], row[1], size))
