@@ -160,7 +160,7 @@ def with_baseline_variables(env: Any, base: dict[str, Any]) -> Any:
 def add_image_pairs(store: Store, rec: dict[str, Any], args: argparse.Namespace) -> None:
     """Pairs of containers, candidate image and the baseline's image (image_env.py)."""
     from dflash.bench.image_env import image_pair_envs
-    from dflash.bench.runner import run_pairs, summarize
+    from dflash.bench.runner import RepeatFailed, run_pairs, summarize
     from dflash.bench.workloads import Workload
 
     envs = (
