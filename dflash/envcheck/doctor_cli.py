@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verify",
         action="store_true",
-        help="hash every installed file against its RECORD sha256 (the default run hashes "
-        "only Python sources and files changed since the last --verify)",
+        help="hash every installed file against its RECORD sha256 and keep the baseline "
+        "(the default run compares sizes, and hashes the files changed since the last "
+        "--verify or the image build)",
     )
     parser.add_argument("--quiet", action="store_true", help="hide info findings (human report)")
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings as well")
