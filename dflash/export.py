@@ -11,7 +11,8 @@ of leaving readers to guess it from the layer type:
   layer_types                per layer: full_attention | sliding_attention
   sliding_window, use_sliding_window, max_window_layers
                              the legacy statement of the same layer types
-  is_causal: false           a drafter attends bidirectionally within its block
+  is_causal: false           a drafter attends bidirectionally within its block; written
+                             only when no layer slides (readers apply it to every layer)
   block_size                 also as dflash_config.block_size (readers look in either)
   dflash_config              mask_token_id, target_layer_ids, block_size,
                              causal_in_block (per layer, as trained: sliding layers are
@@ -188,13 +189,22 @@ def _layers(raw: dict[str, Any], dcfg: dict[str, Any], source: str) -> dict[str,
 def _causality(
     raw: dict[str, Any], dcfg: dict[str, Any], types: list[str], source: str
 ) -> list[bool]:
+    trained = [t == SLIDING for t in types]  # what DFlashDraftModel computes (dflash.visibility)
+    # Readers apply a top-level is_causal to every layer (z-lab's dflash 0.1.0 does), so it
+    # is stated only when it holds for every layer: false, with no sliding layer.
     if raw.get("is_causal"):
         raise _refuse(
             source,
             "is_causal",
-            "true, but a DFlash drafter attends bidirectionally within its block",
+            "true, but a DFlash drafter attends bidirectionally within its block on full layers",
         )
-    trained = [t == SLIDING for t in types]  # what DFlashDraftModel computes (dflash.visibility)
+    if raw.get("is_causal") is False and any(trained):
+        raise _refuse(
+            source,
+            "is_causal",
+            "false applies to every layer, but sliding_attention layers are causal within the "
+            "block; drop it and state dflash_config.causal_in_block",
+        )
     stated = dcfg.get("causal_in_block")
     if stated is None:
         if any(trained):
@@ -253,10 +263,12 @@ def normalize(raw: dict[str, Any], source: str = "drafter config") -> dict[str, 
         rope_parameters=rope,
         rope_theta=rope["rope_theta"],
         rope_scaling=_scaling_of(rope),
-        is_causal=False,
         block_size=block,
         dflash_config=new_dcfg,
     )
+    out.pop("is_causal", None)
+    if not any(causal):
+        out["is_causal"] = False
     out.setdefault("model_type", "qwen3")
     return out
 

@@ -132,7 +132,7 @@ def test_sliding_window_export_reads_back_as_written(readings, reader):
     assert r["sliding_window"] == 64 and r["use_sliding_window"] is True
     assert r["max_window_layers"] == 1
     assert r["dflash_config"]["causal_in_block"] == [False, True, True]
-    assert r["block_size"] == 8 and r["is_causal"] is False
+    assert r["block_size"] == 8 and r["is_causal"] is None  # per layer only: causal_in_block
     # YaRN: every generation builds the same scaled frequencies and attention scale.
     assert r["rope_type"] == "yarn"
     assert r["attention_scaling"] == pytest.approx(0.1 * math.log(4.0) + 1.0)

@@ -218,14 +218,10 @@ def test_step_comparison_catches_a_drafter_read_differently(decoded, index, what
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="dflash/export.py writes a top-level is_causal: false; z-lab's reader "
-    "(dflash 0.1.0, dflash/model.py lines 365-366) applies a top-level is_causal to "
-    "every layer, so sliding layers lose the in-block causality they were trained with. "
-    "Without the key it derives causal = (layer type is sliding_attention), as we train.",
-)
 def test_zlab_reads_sliding_drafter_attention_as_trained(decoded):
+    """z-lab's reader (dflash 0.1.0, dflash/model.py lines 365-366) applies a top-level
+    is_causal to every layer; the export writes none when a layer slides, so it derives
+    causal = (layer type is sliding_attention), as we train."""
     sliding = decoded["ref"]["drafters"][3]
     conf = json.loads((decoded["sliding"] / "config.json").read_text())
     windows = [
