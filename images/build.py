@@ -17,7 +17,8 @@ or re-pointed: if it already carries this key the build does nothing, and if it
 carries anything else the build refuses.
 
 Environment:
-  DFLASH_ENGINE      docker | podman (default: docker if its daemon answers, else podman)
+  DFLASH_ENGINE      docker | podman (default: docker if its daemon answers and is not
+                     podman's API socket, else podman)
   DFLASH_ISOLATION   podman/buildah isolation (default: chroot, which builds on hosts
                      where podman cannot run containers); ignored by docker
   DFLASH_BASE        base image reference (default: dflash-base:bookworm, see `base`)
@@ -156,11 +157,21 @@ def detect_engine() -> str:
         return chosen
     if shutil.which("docker"):
         ok = _run(["docker", "info"], capture_output=True).returncode == 0
-        if ok:
+        # DOCKER_HOST may point the docker CLI at podman's API socket (docker-py uses
+        # one, e.g. `dflash bench run --image`): that engine is podman, so is the CLI.
+        if ok and not (shutil.which("podman") and _docker_is_podman()):
             return "docker"
     if shutil.which("podman"):
         return "podman"
     raise BuildError("no container engine: install docker or podman (DFLASH_ENGINE=...)")
+
+
+def _docker_is_podman() -> bool:
+    r = _run(
+        ["docker", "version", "--format", "{{range .Server.Components}}{{.Name}};{{end}}"],
+        capture_output=True,
+    )
+    return "Podman" in r.stdout
 
 
 class Engine:

@@ -108,6 +108,23 @@ def test_key_tag_format():
         build.dockerfile_for("cu999")
 
 
+@pytest.mark.parametrize(
+    ("server", "engine"),
+    [("Podman Engine;Conmon;Engine;", "podman"), ("Engine;containerd;", "docker")],
+)
+def test_docker_cli_on_podmans_socket_means_podman(monkeypatch, server, engine):
+    """DOCKER_HOST at podman's API socket makes `docker info` answer: build with podman."""
+    monkeypatch.delenv("DFLASH_ENGINE", raising=False)
+    monkeypatch.setattr(build.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+    def fake_run(cmd, **kw):
+        out = server if cmd[:2] == ["docker", "version"] else ""
+        return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(build, "_run", fake_run)
+    assert build.detect_engine() == engine
+
+
 # ---------------------------------------------------------------- Dockerfile contract
 
 
