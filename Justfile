@@ -88,6 +88,10 @@ bench-report *ARGS: setup
 bench-micro *ARGS: setup
     {{run}} pytest tests/bench_micro -o python_files='bench_*.py' -p no:cacheprovider --benchmark-autosave --benchmark-storage="file://${DFLASH_BENCH_STORE:-$HOME/.cache/dflash/bench}/micro" --benchmark-compare {{ARGS}}
 
-# Measure the harness's false-alarm and detection rates on this machine (41 bench runs, about 25-30 min)
+# False-alarm and detection rates of the stored-number verdict on this machine (41 bench runs, none paired)
 bench-quality *ARGS: setup
     {{run}} python bench/stat_quality.py {{ARGS}}
+
+# The same for the paired verdict (the default of `just bench`): --phase none|candidate|baseline
+bench-quality-paired *ARGS: setup
+    {{run}} python bench/paired_quality.py {{ARGS}}
