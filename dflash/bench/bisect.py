@@ -10,6 +10,10 @@ slowdown go away.
 
 A subset "reproduces" when its paired verdict against GOOD is a regression (Wilcoxon
 p(slower) < alpha and ratio < 1 - min effect), the same rule as `dflash bench run`.
+A round that is slower beyond the minimum effect but not significant (with 5 pairs
+the exact test needs all five slower) gets a second round of pairs, and the verdict
+is taken on both: measured, one noisy pair otherwise made the culprit alone look
+harmless and left a non-minimal answer.
 Every measurement is kept and printed with its ratio and interval; a subset is never
 measured twice; Ctrl-C prints the smallest reproducing set found so far.
 """
@@ -91,7 +95,8 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
     print(f"{len(changes)} differences between GOOD and BAD:")
     print("\n".join(f"  {c}" for c in changes))
     print(
-        f"at most {bound} paired measurements of {args.pairs} pairs ({w.name}); "
+        f"at most {bound} paired measurements of {args.pairs} pairs, {2 * args.pairs} when "
+        f"inconclusive ({w.name}); "
         f"{single_cause_count(len(changes))} if a single change is the cause"
     )
     work = Store(args.store).root / "bisect" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -111,20 +116,27 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
         else:
             env = BenchEnv(splice(good, bad, subset, work / f"step{k}"), f"step{k}")
         try:
-            cand, base = run_pairs(w, env, good_env, lambda _: None, args.pairs)
+            cand, base, pr = [], [], None
+            # An inconclusive round (slower beyond the minimum effect, not yet
+            # significant: one noisy pair in five is enough) gets a second round.
+            while pr is None or (
+                pr.verdict == "pass" and pr.ratio < 1.0 - min_effect and len(cand) < 2 * args.pairs
+            ):
+                c, b = run_pairs(w, env, good_env, lambda _: None, args.pairs)
+                cand, base = cand + c, base + b
+                pr = paired_verdict(
+                    paired_samples(summarize(w, cand)), paired_samples(summarize(w, base)),
+                    args.alpha, min_effect,
+                )  # fmt: skip
         finally:
             if env.label != "bad":
                 shutil.rmtree(work / f"step{k}", ignore_errors=True)
-        pr = paired_verdict(
-            paired_samples(summarize(w, cand)), paired_samples(summarize(w, base)), args.alpha,
-            min_effect,
-        )  # fmt: skip
         cache[key] = pr.verdict == "regression"
         steps.append({"changes": [str(c) for c in subset], **pr.to_dict(), "slow": cache[key]})
         bar.update(1)
         bar.write(
             f"  {k + 1}. {'SLOW' if cache[key] else 'ok  '} {pr.ratio:.3f}x "
-            f"[{pr.ci[0]:.3f}, {pr.ci[1]:.3f}] p={pr.p_slower:.4f}  "
+            f"[{pr.ci[0]:.3f}, {pr.ci[1]:.3f}] p={pr.p_slower:.4f} ({pr.pairs} pairs)  "
             + (", ".join(str(c) for c in subset) if len(subset) <= 6 else f"{len(subset)} changes")
         )
         return cache[key]
