@@ -107,7 +107,10 @@ def test_environment_diff_names_variable_package_and_doctor_finding():
         {"severity": "error", "code": "CUDA_MIXED", "message": "cu13 wheel in a cu128 env"}
     ]
     diff = environment_diff(base, cur)
-    assert "variable: + ATEN_CPU_CAPABILITY=default" in diff
+    assert (
+        "variable: + ATEN_CPU_CAPABILITY=default (forces ATen's scalar CPU kernels: no "
+        "AVX2/AVX-512 vectorisation)" in diff
+    )
     assert any("nvidia-cublas" in line and "+" in line for line in diff)
     assert any("CUDA_MIXED" in line for line in diff)
     text = "\n".join(comparison_lines(base, cur, compare(base, cur)))
@@ -163,3 +166,13 @@ def test_records_without_a_reference_report_no_host_speed():
     c = compare(base, scaled(base, 0.8))
     assert c.machine_speed is None and c.uncorrected_ratio is None
     assert "host speed" not in "\n".join(comparison_lines(base, scaled(base, 0.8), c))
+
+
+def test_environment_diff_says_what_a_known_bad_setting_costs():
+    base = make_record([100.0] * 5)
+    cur = scaled(base, 0.5)
+    cur["settings"]["variables"]["ATEN_CPU_CAPABILITY"] = "default"
+    lines = environment_diff(base, cur)
+    assert "variable: + ATEN_CPU_CAPABILITY=default (forces ATen's scalar CPU kernels" in "\n".join(
+        lines
+    )

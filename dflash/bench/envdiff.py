@@ -15,17 +15,24 @@ from __future__ import annotations
 from typing import Any
 
 from dflash.envcheck.manifest_diff import diff_manifests, summarize_diff
+from dflash.envcheck.settings import describe
+
+
+def _cost(k: str, value: str) -> str:
+    """The doctor's known-bad-settings catalogue on what this value costs, if it knows."""
+    effect = describe(k, value)
+    return f" ({effect})" if effect else ""
 
 
 def _map_diff(name: str, a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     lines = []
     for k in sorted(set(a) | set(b)):
         if k not in a:
-            lines.append(f"{name}: + {k}={b[k]}")
+            lines.append(f"{name}: + {k}={b[k]}{_cost(k, str(b[k]))}")
         elif k not in b:
             lines.append(f"{name}: - {k}={a[k]}")
         elif a[k] != b[k]:
-            lines.append(f"{name}: ~ {k} {a[k]} -> {b[k]}")
+            lines.append(f"{name}: ~ {k} {a[k]} -> {b[k]}{_cost(k, str(b[k]))}")
     return lines
 
 
