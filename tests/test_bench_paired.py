@@ -150,3 +150,16 @@ def test_bad_flags_and_refs_are_named(tmp_path, capsys):
     f.write_text("")
     assert cli.run(parse("list", "--store", str(f))) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_baseline_runs_with_its_recorded_variables_only(monkeypatch):
+    from pathlib import Path
+
+    from dflash.bench.envs import BenchEnv
+
+    base = make_record(BASE, variables={"OMP_NUM_THREADS": "1"})
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")  # only this run has it
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    env = cli.with_baseline_variables(BenchEnv(Path("/venv/bin/python"), "baseline"), base)
+    e = env.environ()
+    assert "MKL_ENABLE_INSTRUCTIONS" not in e and e["OMP_NUM_THREADS"] == "1"
