@@ -96,13 +96,8 @@ def test_bisect_names_the_one_slow_package_out_of_eight(root):  # noqa: F811
     sha = save_lock(root / "envs", REPO / "uv.lock")["sha256"]
     good = lock_env(root / "envs", sha, "cu128", label="good").python.parent.parent
     bad = root / "bad"
-    subprocess.run(["cp", "-al", str(good), str(bad)], check=True)
-    for script in (bad / "bin").iterdir():  # shebangs: the copy's own interpreter
-        if script.is_file() and not script.is_symlink() and script.read_bytes()[:2] == b"#!":
-            data = script.read_bytes().replace(str(good).encode(), str(bad).encode(), 1)
-            script.unlink()
-            script.write_bytes(data)
-            script.chmod(0o755)
+    same = inventory(good / "bin" / "python")
+    splice(same, same, [], bad)  # a hard-link copy of GOOD, then the extra packages
     w = root / "wheels"
     wheels = [inert_wheel(w, f"inert-extra-{i}") for i in range(7)]
     wheels.insert(3, busy_thread_wheel(w, "busy-telemetry", busy=0.001, idle=0.004))
