@@ -90,7 +90,14 @@ def test_splice_applies_added_removed_and_changed(tmp_path):
 
 
 @pytest.mark.slow
-def test_bisect_names_the_one_slow_package_out_of_eight(root):  # noqa: F811
+@pytest.mark.parametrize(
+    "inert",
+    [
+        1,  # CI: the whole path (difference, splice, paired rounds, verdict) in two measurements
+        pytest.param(7, marks=pytest.mark.quality),  # one of 8, as issue 15 asks: ~10-30 min
+    ],
+)
+def test_bisect_names_the_one_slow_package(root, inert):  # noqa: F811
     from dflash.bench.lockenv import lock_env, save_lock
 
     sha = save_lock(root / "envs", REPO / "uv.lock")["sha256"]
@@ -99,17 +106,18 @@ def test_bisect_names_the_one_slow_package_out_of_eight(root):  # noqa: F811
     same = inventory(good / "bin" / "python")
     splice(same, same, [], bad)  # a hard-link copy of GOOD, then the extra packages
     w = root / "wheels"
-    wheels = [inert_wheel(w, f"inert-extra-{i}") for i in range(7)]
-    wheels.insert(3, busy_thread_wheel(w, "busy-telemetry", busy=0.001, idle=0.004))
+    wheels = [inert_wheel(w, f"inert-extra-{i}") for i in range(inert)]
+    wheels.insert(inert // 2, busy_thread_wheel(w, "busy-telemetry", busy=0.001, idle=0.004))
     uv("pip", "install", "-q", "--python", str(bad / "bin" / "python"), *map(str, wheels))
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "dflash"), "bench", "bisect", str(good), str(bad),
          "--steps", "10", "--store", str(root / "store")],
-        capture_output=True, text=True, timeout=1800,
+        capture_output=True, text=True, timeout=3600,
     )  # fmt: skip
     out = proc.stdout
+    n = inert + 1
     assert proc.returncode == 1, out + proc.stderr[-3000:]
-    assert "8 differences" in out and "at most 89 paired measurements" in out
+    assert f"{n} differences" in out and f"at most {ddmin_bound(n)} paired measurements" in out
     tail = out.split("minimal set that reproduces the slowdown:")[1].split()
     assert tail[:3] == ["+", "busy-telemetry", "1.0"] and len(tail) == 3, out
     shutil.rmtree(bad, ignore_errors=True)
