@@ -37,6 +37,9 @@ print(json.dumps({"site": site, "prefix": sys.prefix, "dists": out}))
 """
 
 
+_HEADER_BYTES = 1024  # where a console script names its interpreter
+
+
 class SpliceError(RuntimeError):
     pass
 
@@ -98,15 +101,20 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def _fix_scripts(venv: Path, old_prefix: str) -> None:
-    """Console scripts name their interpreter in the shebang: point them at the copy's."""
+    """Console scripts name their interpreter in their header: point them at the copy's.
+    The header is a `#!` line, or, for paths longer than the kernel's 127-byte shebang
+    limit, a `#!/bin/sh` trampoline that execs the interpreter (uv and pip write one), so
+    the old prefix is replaced wherever it stands in the first lines."""
+    old = old_prefix.encode()
     for script in (venv / "bin").iterdir():
         if script.is_symlink() or not script.is_file():
             continue
         with open(script, "rb") as f:
-            head = f.read(2 + len(old_prefix))
-        if head != b"#!" + old_prefix.encode():
+            head = f.read(_HEADER_BYTES)
+        if not head.startswith(b"#!") or old not in head:
             continue
-        data = script.read_bytes().replace(old_prefix.encode(), str(venv).encode(), 1)
+        data = script.read_bytes()
+        data = data[:_HEADER_BYTES].replace(old, str(venv).encode()) + data[_HEADER_BYTES:]
         mode = script.stat().st_mode
         script.unlink()  # a new file: the old inode is GOOD's
         script.write_bytes(data)
