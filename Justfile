@@ -16,10 +16,13 @@ default:
 setup:
     uv sync --frozen --extra {{extra}}
 
-# Lint and format check (the one quality gate, same here and in CI)
+# Python sources under the quality gate, named (ruff's default excludes skip folders like `dist`)
+src := "dflash bench images tests"
+
+# Lint, format and type check (the one quality gate, same here and in CI)
 check: setup
-    {{run}} ruff check .
-    {{run}} ruff format --check .
+    {{run}} ruff check {{src}}
+    {{run}} ruff format --check {{src}}
 
 # Quality gate, then the whole test suite (pass extra pytest args after `test`)
 test *ARGS: check
@@ -43,8 +46,8 @@ gpu-check *ARGS: setup
 
 # Apply ruff's fixes and formatting
 fmt: setup
-    {{run}} ruff check --fix .
-    {{run}} ruff format .
+    {{run}} ruff check --fix {{src}}
+    {{run}} ruff format {{src}}
 
 # --- Container images (README "Images"). Engine: DFLASH_ENGINE=docker|podman (auto);
 # behind a TLS-intercepting proxy set DFLASH_CA_BUNDLE to a PEM bundle (build secret).

@@ -31,7 +31,7 @@ from dflash.components import (
     resolve_device,
 )
 from dflash.config import TrainConfig
-from dflash.dist.launch import torchrun_command
+from dflash.distributed.launch import torchrun_command
 from dflash.loop import build_draft_step, build_optimizer, micro_step, optimizer_step
 
 
@@ -82,7 +82,7 @@ def stage_capacity(cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> dict
 def pipeline_rate(cfg: TrainConfig, nproc: int, timeout: float = 600) -> float:
     """Drafter-side tokens/s of a torchrun job, averaged over its logging intervals after
     the first (which holds start-up)."""
-    cmd = torchrun_command(cfg, nproc, module="dflash.dist.launch")
+    cmd = torchrun_command(cfg, nproc, module="dflash.distributed.launch")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     subprocess.run(cmd, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL)
     lines = (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()

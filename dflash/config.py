@@ -133,7 +133,7 @@ class TrainConfig:
     wandb: str = field(default="offline", metadata={"help": "offline | online | off"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out"})
     allow_dirty_env: bool = field(default=False, metadata={"help": "train despite doctor errors"})
-    # Pipeline (dflash/dist): one process per device, frozen targets feed training drafters.
+    # Pipeline (dflash/distributed): one process per device, frozen targets feed training drafters.
     targets: int = field(default=0, metadata={"help": "target ranks (0 = split the world)"})
     drafters: int = field(default=0, metadata={"help": "drafter ranks (0 = split the world)"})
     max_in_flight: int = field(
@@ -201,6 +201,6 @@ class TrainConfig:
     # Fields that may change when resuming a run without making it "another run".
     RESUMABLE_CHANGES = ("max_steps", "resume", "log_every", "save_every", "keep_last", "wandb")
     RESUMABLE_CHANGES += ("allow_dirty_env", "out", "compile", "device", "attn", "config")
-    # The number of targets never changes what is trained (see dflash/dist/roles.py);
+    # The number of targets never changes what is trained (see dflash/distributed/roles.py);
     # the number of drafters does (global batch = drafters x grad_accum micro-batches).
     RESUMABLE_CHANGES += ("targets", "max_in_flight", "dist_timeout")

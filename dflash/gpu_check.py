@@ -155,7 +155,7 @@ def check_record(workload: str, store: str | None, repeats: int | None) -> dict[
 def check_pipeline(device: str) -> dict[str, Any]:
     """1 target + 1 drafter ranks under torchrun (NCCL on GPUs, gloo on CPU)."""
     from dflash.config import TrainConfig
-    from dflash.dist.launch import torchrun_command
+    from dflash.distributed.launch import torchrun_command
 
     with tempfile.TemporaryDirectory(prefix="dflash-gpu-check-pipe-") as tmp:
         cfg = TrainConfig(
@@ -169,7 +169,7 @@ def check_pipeline(device: str) -> dict[str, Any]:
             wandb="off",
         )
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        cmd = torchrun_command(cfg, 2, module="dflash.dist.launch")
+        cmd = torchrun_command(cfg, 2, module="dflash.distributed.launch")
         proc = subprocess.run(
             cmd, capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S
         )

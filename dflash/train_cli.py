@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if recipe is not None:
         print(f"dflash train: recipe {recipe.path} (sha256 {recipe.sha256[:12]}), out {cfg.out}")
-    from dflash.dist.launch import plan, self_launch
+    from dflash.distributed.launch import plan, self_launch
 
     try:  # one process, this rank of a torchrun job, or launch torchrun ourselves
         mode, nproc = plan(cfg)
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         return 3
     record = recipe.record() if recipe else None
     if mode == "rank":  # reports its own errors (naming rank and role) and exits 1
-        from dflash.dist.pipeline import run as run_rank
+        from dflash.distributed.pipeline import run as run_rank
 
         summary = run_rank(cfg, env_record=env_record, recipe=record)
         return 128 + (summary["signal"] or 0) if summary["interrupted"] else 0

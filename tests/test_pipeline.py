@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from dflash.config import TrainConfig
-from dflash.dist.launch import config_argv, plan
-from dflash.dist.roles import Layout, default_split, resolve_split
-from dflash.dist.telemetry import verdict
+from dflash.distributed.launch import config_argv, plan
+from dflash.distributed.roles import Layout, default_split, resolve_split
+from dflash.distributed.telemetry import verdict
 from dflash.train import train
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def start(nproc: int, out: Path, *flags: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += ["--nproc-per-node", str(nproc), "-m", "dflash.dist.launch"]
+    cmd += ["--nproc-per-node", str(nproc), "-m", "dflash.distributed.launch"]
     cmd += ["--out", str(out), "--wandb", "off", *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     return subprocess.Popen(

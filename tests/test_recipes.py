@@ -16,7 +16,7 @@ import pytest
 
 from dflash import recipes
 from dflash.config import PRESETS, TrainConfig
-from dflash.dist.launch import config_argv
+from dflash.distributed.launch import config_argv
 from dflash.train_cli import add_arguments, default_out, resolve
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,8 +1,8 @@
-"""Pipeline workloads: one repeat = one `torchrun` job of the dflash.dist pipeline.
+"""Pipeline workloads: one repeat = one `torchrun` job of the dflash.distributed pipeline.
 
 Targets and drafters run as separate ranks; the drafter lead logs, per step, the
 pipeline's tokens/s and each side's compute / wait / idle fractions
-(dflash/dist/telemetry.py). A repeat turns those into the same per-step samples as
+(dflash/distributed/telemetry.py). A repeat turns those into the same per-step samples as
 the colocated worker: step time, tokens/s and per-stage seconds per step. The
 pipeline efficiency (tokens/s divided by the capacity of the slowest stage measured
 alone) comes from bench/pipeline_efficiency.py when this is a checkout that has it.
@@ -48,7 +48,7 @@ def _efficiency_module():
 def run_pipeline_repeat(w: Workload, scratch: str) -> dict[str, Any]:
     from dflash.bench.build import train_config
     from dflash.config import TINY_TARGET
-    from dflash.dist.launch import torchrun_command
+    from dflash.distributed.launch import torchrun_command
 
     if w.target != {**TINY_TARGET, "vocab_size": None}:
         raise NotImplementedError(
@@ -61,7 +61,7 @@ def run_pipeline_repeat(w: Workload, scratch: str) -> dict[str, Any]:
     )
     env = {**os.environ, "OMP_NUM_THREADS": str(w.threads or 1)}
     t0 = time.perf_counter()
-    cmd = torchrun_command(cfg, w.targets + w.drafters, module="dflash.dist.launch")
+    cmd = torchrun_command(cfg, w.targets + w.drafters, module="dflash.distributed.launch")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     if proc.returncode != 0:
         raise RuntimeError(f"pipeline job exited {proc.returncode}:\n{proc.stderr[-3000:]}")

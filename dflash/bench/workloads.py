@@ -65,7 +65,7 @@ class Workload:
     reference: int = 0
     # Exponent of the correction (see reference.py): measured, per workload and host kind.
     reference_power: float = 1.0
-    # False: target and drafter in one process. True: dflash.dist ranks under torchrun.
+    # False: target and drafter in one process. True: dflash.distributed ranks under torchrun.
     pipeline: bool = False
     # A repeat's sample: this quantile of its steady steps' throughput. 0.5 (median)
     # for dedicated machines; higher on shared CPUs, where contention only ever slows

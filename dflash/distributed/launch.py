@@ -6,7 +6,7 @@
     `docker run --gpus all ... dflash train` uses every GPU with no launcher of its own.
   - Otherwise: the single-process trainer, unchanged.
 
-`python -m dflash.dist.launch FLAGS` runs one rank without the environment preflight
+`python -m dflash.distributed.launch FLAGS` runs one rank without the environment preflight
 (for tests and benchmarks that build their own torchrun command).
 """
 
@@ -72,10 +72,10 @@ def self_launch(cfg: TrainConfig, nproc: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from dflash.dist.pipeline import run
+    from dflash.distributed.pipeline import run
     from dflash.train_cli import add_arguments, config_from_args
 
-    parser = argparse.ArgumentParser(prog="python -m dflash.dist.launch")
+    parser = argparse.ArgumentParser(prog="python -m dflash.distributed.launch")
     add_arguments(parser)
     cfg = config_from_args(parser.parse_args(argv))
     summary = run(cfg)

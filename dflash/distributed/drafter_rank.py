@@ -21,10 +21,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dflash import checkpoint as ckpt
 from dflash.components import build_drafter, load_target, load_tokenizer, resolve_attn
 from dflash.config import TrainConfig
-from dflash.dist.p2p import HEADER, Receiver, post, unpack_meta, wait
-from dflash.dist.roles import Layout
-from dflash.dist.target_rank import control_lag, control_steps
-from dflash.dist.telemetry import COUNTERS, Clock, summarize
+from dflash.distributed.p2p import HEADER, Receiver, post, unpack_meta, wait
+from dflash.distributed.roles import Layout
+from dflash.distributed.target_rank import control_lag, control_steps
+from dflash.distributed.telemetry import COUNTERS, Clock, summarize
 from dflash.loop import (
     Accumulator,
     StopFlag,

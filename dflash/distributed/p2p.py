@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from dflash.data.packing import PackedBatch
-from dflash.dist.telemetry import COUNTERS, Clock
+from dflash.distributed.telemetry import COUNTERS, Clock
 
 HEADER = 3 + len(COUNTERS)  # g, n_tokens, n_docs, counters...
 

@@ -1,6 +1,6 @@
 """Target rank: its share of the global batches -> frozen target -> features -> drafters.
 
-Target t produces global micro-batches g = t, t+T, t+2T, ... (dflash/dist/roles.py), each
+Target t produces global micro-batches g = t, t+T, t+2T, ... (dflash/distributed/roles.py), each
 exactly the batch a single process would see as its g-th micro-batch, so the number of
 targets never changes what is trained. Control messages from drafter 0 (one per logging
 step, "go on" or "stop") keep targets at most `lag` steps ahead of the drafters, so a
@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 from dflash.components import load_target, load_tokenizer, make_stream, resolve_attn
 from dflash.config import TrainConfig
-from dflash.dist.p2p import Sender, pack_meta, post, unpack_meta, wait
-from dflash.dist.roles import Layout
-from dflash.dist.telemetry import Clock
+from dflash.distributed.p2p import Sender, pack_meta, post, unpack_meta, wait
+from dflash.distributed.roles import Layout
+from dflash.distributed.telemetry import Clock
 
 
 def control_steps(cfg: TrainConfig, start_step: int) -> list[int]:

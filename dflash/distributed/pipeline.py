@@ -26,7 +26,7 @@ import torch.distributed as dist
 from dflash import checkpoint as ckpt
 from dflash.components import resolve_device
 from dflash.config import TrainConfig
-from dflash.dist.roles import Layout, resolve_split
+from dflash.distributed.roles import Layout, resolve_split
 from dflash.loop import StopFlag, catch_signals
 
 
@@ -103,11 +103,11 @@ def run(cfg: TrainConfig, *, env_record=None, recipe=None) -> dict[str, Any]:
                 ckpt.update_run_record(Path(cfg.out), recipe=recipe)
         with catch_signals(flag):  # a signal stops the run at the next logging step
             if layout.role(rank)[0] == "target":
-                from dflash.dist.target_rank import run_target
+                from dflash.distributed.target_rank import run_target
 
                 summary = run_target(cfg, layout, rank, device, step, ctrl_group)
             else:
-                from dflash.dist.drafter_rank import run_drafter
+                from dflash.distributed.drafter_rank import run_drafter
 
                 summary = run_drafter(
                     cfg,
