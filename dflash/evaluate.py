@@ -24,7 +24,7 @@ from dflash.spec_decode import (
     greedy_reference,
     speculative_generate,
 )
-from dflash.target import TargetMismatch
+from dflash.target import TargetMismatch, eos_ids_of
 
 
 def load_pair(target_dir: str, drafter_dir: str, device: str = "cpu", drafter_state=None):
@@ -96,7 +96,7 @@ class Prompt:
 
 def load_prompts(path: str, tok, limit: int | None = None) -> list[Prompt]:
     """Prompt rows as `dflash regen` reads them, tokenized with the generation prompt open."""
-    from dflash.regen import load_prompt_rows
+    from dflash.data.prompts import load_prompt_rows
 
     prompts = []
     for rid, messages in load_prompt_rows(path)[:limit]:
@@ -120,16 +120,6 @@ def fit_context(prompts: list[Prompt], limit: int, truncate: bool) -> None:
             )
         p.truncated = len(p.ids) - limit
         p.ids = p.ids[-limit:]
-
-
-def eos_ids_of(tok, model) -> set[int]:
-    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end != tok.unk_token_id:
-        ids.add(im_end)  # ChatML end of turn: where a chat response stops
-    gen = getattr(model.generation_config, "eos_token_id", None)
-    ids |= set(gen if isinstance(gen, list) else [gen] if gen is not None else [])
-    return ids
 
 
 def evaluate(

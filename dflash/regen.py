@@ -25,38 +25,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from dflash.data.sources import DataError, normalise_record
-
-Messages = list[dict[str, str]]
-
-
-def load_prompt_rows(path: str) -> list[tuple[str, Messages]]:
-    """(id, prompt messages) per JSONL row; trailing assistant turns are dropped."""
-    rows: list[tuple[str, Messages]] = []
-    seen: set[str] = set()
-    with open(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                if isinstance(row, dict) and isinstance(row.get("prompt"), str):
-                    row = {**row, "response": row.get("response", "")}
-                messages = normalise_record(row)
-            except ValueError as e:
-                raise DataError(f"{path}, line {lineno}: {e}") from None
-            while messages and messages[-1]["role"] == "assistant":
-                messages = messages[:-1]
-            if not messages:
-                raise DataError(f"{path}, line {lineno}: no prompt turns before the assistant")
-            rid = str(row.get("id", lineno - 1))
-            if rid in seen:
-                raise DataError(f"{path}, line {lineno}: duplicate id {rid!r}; ids must be unique")
-            seen.add(rid)
-            rows.append((rid, messages))
-    if not rows:
-        raise DataError(f"{path}: no prompts")
-    return rows
+from dflash.data.prompts import Messages, load_prompt_rows
 
 
 def done_ids(out_path: str) -> set[str]:
@@ -85,7 +54,7 @@ class LocalGenerator:
         ).to(device)
         self.model.eval()
         self.max_new_tokens = max_new_tokens
-        from dflash.evaluate import eos_ids_of
+        from dflash.target import eos_ids_of
 
         self.eos = eos_ids_of(self.tok, self.model)
         self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else min(self.eos)

@@ -107,3 +107,13 @@ class TargetFeatures(nn.Module):
             if i in self.layer_ids:
                 feats.append(h)
         return torch.cat(feats, dim=-1)
+
+
+def eos_ids_of(tok, model) -> set[int]:
+    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(im_end, int) and im_end != tok.unk_token_id:
+        ids.add(im_end)  # ChatML end of turn: where a chat response stops
+    gen = getattr(model.generation_config, "eos_token_id", None)
+    ids |= set(gen if isinstance(gen, list) else [gen] if gen is not None else [])
+    return ids

@@ -126,7 +126,8 @@ def decoded(zlab_python, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dflash.demo.run import prepare, train_drafter
-    from dflash.evaluate import eos_ids_of, load_prompts
+    from dflash.evaluate import load_prompts
+    from dflash.target import eos_ids_of
 
     root = tmp_path_factory.mktemp("reference")
     # The demo pipeline: a tiny local target, its regenerated data, a trained drafter.
