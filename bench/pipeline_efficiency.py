@@ -82,7 +82,7 @@ def stage_capacity(cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> dict
 def pipeline_rate(cfg: TrainConfig, nproc: int, timeout: float = 600) -> float:
     """Drafter-side tokens/s of a torchrun job, averaged over its logging intervals after
     the first (which holds start-up)."""
-    cmd = torchrun_command(cfg, nproc, module="dflash.distributed.launch")
+    cmd = torchrun_command(cfg, nproc, module="dflash.distributed.rank_cli")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     subprocess.run(cmd, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL)
     lines = (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()

@@ -169,7 +169,7 @@ def check_pipeline(device: str) -> dict[str, Any]:
             wandb="off",
         )
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        cmd = torchrun_command(cfg, 2, module="dflash.distributed.launch")
+        cmd = torchrun_command(cfg, 2, module="dflash.distributed.rank_cli")
         proc = subprocess.run(
             cmd, capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S
         )

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def start(nproc: int, out: Path, *flags: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += ["--nproc-per-node", str(nproc), "-m", "dflash.distributed.launch"]
+    cmd += ["--nproc-per-node", str(nproc), "-m", "dflash.distributed.rank_cli"]
     cmd += ["--out", str(out), "--wandb", "off", *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     return subprocess.Popen(

@@ -61,7 +61,7 @@ def run_pipeline_repeat(w: Workload, scratch: str) -> dict[str, Any]:
     )
     env = {**os.environ, "OMP_NUM_THREADS": str(w.threads or 1)}
     t0 = time.perf_counter()
-    cmd = torchrun_command(cfg, w.targets + w.drafters, module="dflash.distributed.launch")
+    cmd = torchrun_command(cfg, w.targets + w.drafters, module="dflash.distributed.rank_cli")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     if proc.returncode != 0:
         raise RuntimeError(f"pipeline job exited {proc.returncode}:\n{proc.stderr[-3000:]}")

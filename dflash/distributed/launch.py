@@ -6,7 +6,7 @@
     `docker run --gpus all ... dflash train` uses every GPU with no launcher of its own.
   - Otherwise: the single-process trainer, unchanged.
 
-`python -m dflash.distributed.launch FLAGS` runs one rank without the environment preflight
+`python -m dflash.distributed.rank_cli FLAGS` runs one rank without the environment preflight
 (for tests and benchmarks that build their own torchrun command).
 """
 
@@ -67,23 +67,3 @@ def self_launch(cfg: TrainConfig, nproc: int) -> int:
     print("dflash train: launching " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return subprocess.call(cmd, env=env)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from dflash.distributed.pipeline import run
-    from dflash.train_cli import add_arguments, config_from_args
-
-    parser = argparse.ArgumentParser(prog="python -m dflash.distributed.launch")
-    add_arguments(parser)
-    cfg = config_from_args(parser.parse_args(argv))
-    summary = run(cfg)
-    return 128 + (summary["signal"] or 0) if summary["interrupted"] else 0
-
-
-if __name__ == "__main__":
-    import torch
-
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    sys.exit(main())
