@@ -1,6 +1,11 @@
-"""Build the pieces of a run from its config: device, tokenizer, target, drafter, data."""
+"""Builders of a run's pieces from its config: device and dtype, tokenizer, target,
+drafter, data stream, draft step, optimizer and schedule. dflash/run.py puts them
+together per role; nothing else calls them in a different order.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -19,6 +24,12 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda requested but torch sees no CUDA device")
     return torch.device(cfg.device)
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    """bf16 for the frozen target and autocast on GPU; fp32 on CPU (no fast bf16 GEMMs).
+    The drafter's master weights stay fp32 either way."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def resolve_attn(cfg: TrainConfig, device: torch.device) -> str:
@@ -116,3 +127,48 @@ def make_stream(cfg: TrainConfig, tokenizer, rank: int = 0, world_size: int = 1)
         rank=rank,
         world_size=world_size,
     )
+
+
+def build_draft_step(cfg: TrainConfig, drafter, target, device: torch.device, attn: str):
+    """DraftStep over the drafter and the target's frozen embedding and LM head."""
+    from dflash.draft_step import DraftStep
+
+    create_fn = None
+    if attn == "flex" and (cfg.compile or device.type == "cuda"):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        # Uncompiled, create_block_mask materialises the dense Q x KV grid.
+        create_fn = torch.compile(create_block_mask)
+    step_fn = DraftStep(
+        drafter,
+        target.embed_tokens,
+        target.lm_head,
+        gamma=cfg.gamma,
+        loss_chunk=cfg.loss_chunk,
+        attn=attn,
+        create_block_mask_fn=create_fn,
+    )
+    if cfg.compile:
+        # Main thread, static shapes (fixed token budget and max_anchors): compiled once.
+        drafter.forward = torch.compile(drafter.forward)
+    return step_fn
+
+
+def cosine_lambda(total: int, warmup_ratio: float, min_ratio: float):
+    warmup = max(1, math.ceil(total * warmup_ratio)) if warmup_ratio > 0 else 0
+
+    def fn(step: int) -> float:  # step = number of optimizer steps taken so far
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return fn
+
+
+def build_optimizer(cfg: TrainConfig, params):
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, cosine_lambda(cfg.max_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
+    )
+    return opt, sched

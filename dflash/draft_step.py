@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from dflash.data.packing import PackedBatch
 from dflash.loss import block_targets, chunked_loss
 from dflash.model import DFlashDraftModel
 from dflash.visibility import dense_mask, flex_block_mask
@@ -64,21 +65,18 @@ class DraftStep(nn.Module):
 
     def forward(
         self,
-        input_ids: Tensor,  # [B, S]
-        loss_mask: Tensor,  # [B, S]
-        doc_ids: Tensor,  # [B, S]
-        positions: Tensor,  # [B, S]
+        batch: PackedBatch,  # [B, S] input_ids, loss_mask, doc_ids, positions
         target_feats: Tensor,  # [B, S, k*H]
         anchors: Tensor,  # [B, A]
         anchor_valid: Tensor,  # [B, A]
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        block_ids, block_pos = self.block_inputs(input_ids, positions, anchors)
+        block_ids, block_pos = self.block_inputs(batch.input_ids, batch.positions, anchors)
         with torch.no_grad():
             block_embeds = self.embed_tokens(block_ids)
         ctx = self.drafter.project_context(target_feats)
-        mask = self.masks(anchors, anchor_valid, doc_ids)
-        hidden = self.drafter(block_embeds, ctx, positions, block_pos, mask)
+        mask = self.masks(anchors, anchor_valid, batch.doc_ids)
+        hidden = self.drafter(block_embeds, ctx, batch.positions, block_pos, mask)
         targets = block_targets(
-            input_ids, loss_mask, anchors, anchor_valid, self.block_size, self.gamma
+            batch.input_ids, batch.loss_mask, anchors, anchor_valid, self.block_size, self.gamma
         )
         return chunked_loss(hidden, self.lm_head, targets, self.block_size, self.loss_chunk)

@@ -90,8 +90,8 @@ def check_steps(workload, scratch: str) -> dict[str, Any]:
     """The workload's warm-up, then STEPS steps of the bench worker's step function."""
     import torch
 
-    from dflash.bench.build import build
     from dflash.bench.worker import StageClock, run_steps
+    from dflash.bench.workload_setup import build
 
     if workload.threads is not None:
         torch.set_num_threads(workload.threads)

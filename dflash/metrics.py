@@ -16,22 +16,16 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class StepTimer:
-    """Throughput over the interval between two logging steps."""
+    """Wall time between two logging steps (read only there: no per-step sync)."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
-        self.tokens = 0
 
-    def add_tokens(self, n: int) -> None:
-        self.tokens += n
-
-    def lap(self) -> tuple[float, float]:
-        """(seconds since the last lap, tokens per second) and reset."""
+    def lap(self) -> float:
+        """Seconds since the last lap; starts the next one."""
         now = time.perf_counter()
-        dt = max(now - self.t0, 1e-9)
-        rate = self.tokens / dt
-        self.t0, self.tokens = now, 0
-        return dt, rate
+        dt, self.t0 = max(now - self.t0, 1e-9), now
+        return dt
 
 
 def format_line(rec: dict[str, Any]) -> str:

@@ -10,33 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from dflash import checkpoint as ckpt
-from dflash.components import (
-    build_drafter,
-    load_target,
-    load_tokenizer,
-    make_stream,
-    resolve_attn,
-    resolve_device,
-)
 from dflash.config import TrainConfig
-from dflash.loop import (
-    Accumulator,
-    NonFiniteLoss,
-    StopFlag,
-    build_draft_step,
-    build_optimizer,
-    catch_signals,
-    micro_step,
-    nonfinite_error,
-    optimizer_step,
-    rng_state,
-    set_rng_state,
-)
 from dflash.metrics import MetricsLogger, StepTimer
+from dflash.run import StopFlag, build_run, catch_signals
+from dflash.step import Accumulator, NonFiniteLoss, nonfinite_error, train_step
 
 __all__ = ["NonFiniteLoss", "train"]
 
@@ -51,30 +31,13 @@ def train(
     record = ckpt.claim_run_dir(run_dir, cfg.to_dict(), cfg.resume, TrainConfig.RESUMABLE_CHANGES)
     if recipe is not None:
         ckpt.update_run_record(run_dir, recipe=recipe)
-    device = resolve_device(cfg)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    attn = resolve_attn(cfg, device)
-
-    tokenizer = load_tokenizer(cfg)
-    target = load_target(cfg, tokenizer, device, dtype, attn)
-    drafter = build_drafter(cfg, target, tokenizer).to(device)  # fp32 master weights
-    step_fn = build_draft_step(cfg, drafter, target, device, attn)
-
-    stream = make_stream(cfg, tokenizer)
-    opt, sched = build_optimizer(cfg, drafter.parameters())
-    # Reseeded per micro-batch from (seed, global batch index): see loop.anchor_seed.
-    gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)
+    run = build_run(cfg, "single")
+    drafter, stream = run.drafter, run.stream
 
     step = 0
     last = ckpt.latest_checkpoint(run_dir) if cfg.resume else None
     if last is not None:
-        state = ckpt.load_checkpoint(last, drafter.config)
-        drafter.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["data"])
-        set_rng_state(gen, state["rng"])
-        step = state["step"]
+        step = run.load_state_dict(ckpt.load_checkpoint(last, drafter.config))
         print(f"resumed from {last} at step {step}")
 
     extra = {"dirty_env": True} if env_record and env_record.get("dirty") else {}
@@ -92,17 +55,9 @@ def train(
         ckpt.update_run_record(run_dir, environment=env_record)
 
     def save(at: int) -> Path:
-        state = {
-            "model": drafter.state_dict(),
-            "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(),
-            "data": stream.state_dict(),
-            "rng": rng_state(gen),
-            "step": at,
-        }
-        return ckpt.save_checkpoint(run_dir, at, state, cfg.keep_last, drafter.config)
+        return ckpt.save_checkpoint(run_dir, at, run.state_dict(at), cfg.keep_last, drafter.config)
 
-    acc = Accumulator(cfg.block_size, device)
+    acc = Accumulator(cfg.block_size, run.device)
     timer = StepTimer()
     flag = StopFlag()
     last_rec: dict[str, Any] = {}
@@ -112,24 +67,7 @@ def train(
     drafter.train()
     with catch_signals(flag):
         while step < cfg.max_steps:
-            for i in range(cfg.grad_accum):
-                batch = next(stream).to(device, non_blocking=True)
-                feats = target(batch.input_ids, batch.positions, batch.doc_ids)
-                g = step * cfg.grad_accum + i  # global micro-batch index
-                loss, stats = micro_step(
-                    cfg,
-                    step_fn,
-                    gen,
-                    g,
-                    batch.input_ids,
-                    batch.loss_mask,
-                    batch.doc_ids,
-                    batch.positions,
-                    feats,
-                    scale=cfg.grad_accum,
-                )
-                acc.add(loss, stats, cfg.grad_accum, batch.n_tokens)
-            grad_norm, lr = optimizer_step(cfg, drafter.parameters(), opt, sched)
+            res = train_step(run, step, acc=acc)
             step += 1
             n_logged = step % cfg.log_every or cfg.log_every
             is_log = step % cfg.log_every == 0 or step == cfg.max_steps
@@ -140,12 +78,12 @@ def train(
                     logger.close()
                     bar.close()
                     raise nonfinite_error(step, saved_at)
-                dt, _ = timer.lap()
+                dt = timer.lap()
                 tokens = rec.pop("_tokens")
                 last_rec = {
                     **rec,
-                    "lr": lr,
-                    "grad_norm": float(grad_norm),
+                    "lr": res.lr,
+                    "grad_norm": float(res.grad_norm),
                     "tok_per_s": tokens / dt,
                     "data": stream.stats(),
                 }

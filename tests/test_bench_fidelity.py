@@ -85,7 +85,7 @@ def test_busy_thread_pth_package_fails_the_bench_and_is_named(root):
 def train_tok_per_s(out: Path, steps: int) -> float:
     """Steady tok/s of a plain `dflash train` on tiny-cpu's shapes (logging windows
     after the first, which holds lazy initialisation)."""
-    from dflash.bench.build import train_config
+    from dflash.bench.workload_setup import train_config
     from dflash.bench.workloads import get_workload
 
     w = get_workload("tiny-cpu")

@@ -93,7 +93,7 @@ def test_gpu_workload_is_qwen3_8b_shaped_without_allocating(monkeypatch):
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from dflash.bench.build import target_config
+    from dflash.bench.workload_setup import target_config
 
     w = get_workload("qwen3-8b-1gpu")
     assert (w.block_size, w.max_anchors, w.seq_len, w.draft_layers) == (16, 512, 3072, 5)

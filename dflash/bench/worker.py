@@ -25,6 +25,7 @@ steady step is followed, outside its timing, by one reference run on the same cl
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -84,7 +85,7 @@ MIN_STEADY_STEPS = 5  # a steady phase cut short by its budget still has this ma
 
 
 def run_steps(
-    p,
+    run,
     n: int,
     first_index: int,
     clock: StageClock,
@@ -92,20 +93,13 @@ def run_steps(
     power: float = 1.0,
     budget_s: float = 0.0,
 ) -> list[dict[str, Any]]:
-    import contextlib
-
+    """`n` steps of the trainer's own step function (dflash.step.train_step) on `run`
+    (dflash.run.Run), each timed per stage through its `mark` hook."""
     import torch
 
-    from dflash.anchors import sample_anchors
-    from dflash.loop import anchor_seed, optimizer_step
+    from dflash.step import train_step
 
-    cfg, dev = p.cfg, p.device
-    gen = torch.Generator(device=dev)
-    autocast = (
-        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))
-        if dev.type == "cuda"
-        else contextlib.nullcontext
-    )
+    dev = run.device
     out = []
     started = time.perf_counter()
     for i in range(first_index, first_index + n):
@@ -113,37 +107,19 @@ def run_steps(
             break
         t0, c0 = time.perf_counter(), time.process_time()
         clock.start()
-        host = next(p.stream)
-        clock.mark("data")
-        b = host.to(dev, non_blocking=True)
-        clock.mark("transfer")
-        feats = p.target(b.input_ids, b.positions, b.doc_ids)
-        clock.mark("target")
-        gen.manual_seed(anchor_seed(cfg.seed, i))
-        anchors, valid = sample_anchors(
-            b.loss_mask, b.doc_ids, cfg.block_size, cfg.max_anchors, generator=gen
-        )
-        clock.mark("anchors")
-        with autocast():
-            loss, _ = p.step_fn(
-                b.input_ids, b.loss_mask, b.doc_ids, b.positions, feats, anchors, valid
-            )
-        clock.mark("drafter_fwd")
-        loss.backward()
-        clock.mark("drafter_bwd")
-        optimizer_step(cfg, p.drafter.parameters(), p.opt, p.sched)
-        clock.mark("optimizer")
+        res = train_step(run, i, mark=clock.mark)
         t_sync = time.perf_counter()
         if dev.type == "cuda":
             torch.cuda.synchronize()
         stages = clock.durations()
         stages["wait"] = time.perf_counter() - t_sync
-        if not torch.isfinite(loss.detach()).item():
+        loss = float(res.loss.detach())  # a sync, after the step's own timing
+        if not math.isfinite(loss):
             raise RuntimeError(f"benchmark step {i}: loss is not finite")
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        n = host.n_tokens
-        row = {"step_s": dt, "cpu_s": cpu, "tokens": n, "tok_per_s": n / dt,
-               "tok_per_cpu_s": n / max(cpu, 1e-9), "stages": stages}  # fmt: skip
+        tokens = int(res.tokens)
+        row = {"step_s": dt, "cpu_s": cpu, "tokens": tokens, "tok_per_s": tokens / dt, "loss": loss,
+               "tok_per_cpu_s": tokens / max(cpu, 1e-9), "stages": stages}  # fmt: skip
         if reference is not None:
             # Right after the step, so both see the same state of the shared host.
             row["ref_s"] = reference.run()
@@ -164,11 +140,11 @@ def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     import transformers.models.qwen3.modeling_qwen3  # noqa: F401
 
     import dflash.data.tokenizer  # noqa: F401
-    from dflash.bench.build import build
+    from dflash.bench.workload_setup import build
 
     t_import = time.perf_counter()
     if w.pipeline:
-        from dflash.bench.pipeline import run_pipeline_repeat
+        from dflash.bench.pipeline_repeat import run_pipeline_repeat
 
         res = run_pipeline_repeat(w, scratch)
         return {**res, "torch": torch.__version__, "torch_cuda": torch.version.cuda,

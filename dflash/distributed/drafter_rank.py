@@ -1,7 +1,7 @@
 """Drafter rank: receive features, sample anchors, train; DDP among drafter ranks only.
 
 Drafter d trains micro-batches [d*A, (d+1)*A) of every optimizer step (roles.py), with
-the anchors of batch g seeded from (seed, g) (loop.anchor_seed), and DDP averages the
+the anchors of batch g seeded from (seed, g) (step.anchor_seed), and DDP averages the
 gradients over the D drafters: the step equals a single process's step with
 grad_accum = D*A up to float summation order. Drafter 0 writes checkpoints and metrics.
 Host-device syncs happen on logging steps only: losses, token counts and the routing
@@ -10,7 +10,6 @@ check accumulate on the device in between.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +18,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dflash import checkpoint as ckpt
-from dflash.components import build_drafter, load_target, load_tokenizer, resolve_attn
 from dflash.config import TrainConfig
+from dflash.data.packing import PackedBatch
 from dflash.distributed.p2p import HEADER, Receiver, post, unpack_meta, wait
 from dflash.distributed.roles import Layout
 from dflash.distributed.target_rank import control_lag, control_steps
 from dflash.distributed.telemetry import COUNTERS, Clock, summarize
-from dflash.loop import (
-    Accumulator,
-    StopFlag,
-    build_draft_step,
-    build_optimizer,
-    micro_step,
-    nonfinite_error,
-    optimizer_step,
-    rng_state,
-    set_rng_state,
-)
 from dflash.metrics import MetricsLogger
-
-
-def _frozen_head(cfg: TrainConfig, tokenizer, device: torch.device, dtype, attn):
-    """The target's embedding and LM head on this device; its layers stay on the host
-    (and are dropped): a drafter GPU never holds the target's decoder stack."""
-    target = load_target(cfg, tokenizer, torch.device("cpu"), dtype, attn)
-    target.layers = torch.nn.ModuleList()
-    return target.to(device)
+from dflash.run import StopFlag, build_run
+from dflash.step import Accumulator, FeatureBatch, nonfinite_error, train_step
 
 
 def run_drafter(
@@ -64,23 +46,13 @@ def run_drafter(
     lead = d == 0
     run_dir = Path(cfg.out)
     cuda = device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
-    attn = resolve_attn(cfg, device)
-    tokenizer = load_tokenizer(cfg)
-    target = _frozen_head(cfg, tokenizer, device, dtype, attn)
-    drafter = build_drafter(cfg, target, tokenizer).to(device)  # fp32 master weights
-    step_fn = build_draft_step(cfg, drafter, target, device, attn)
-    opt, sched = build_optimizer(cfg, drafter.parameters())
-    gen = torch.Generator(device=device)  # reseeded per batch from (seed, g)
+    run = build_run(cfg, "drafter", device)
+    drafter, target = run.drafter, run.target
     if last is not None:  # every drafter reads it: RUN must be on a shared filesystem
-        state = ckpt.load_checkpoint(last, drafter.config)
-        drafter.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        set_rng_state(gen, state["rng"])
+        run.load_state_dict(ckpt.load_checkpoint(last, drafter.config))
     # Gradients are averaged over the drafter subgroup only; targets never join.
     model = DDP(
-        step_fn,
+        run.step_fn,
         process_group=group,
         device_ids=[device.index] if cuda else None,
         broadcast_buffers=False,
@@ -101,16 +73,9 @@ def run_drafter(
             ckpt.update_run_record(run_dir, wandb_id=logger.wandb_id)
 
     def save(at: int) -> None:
-        state = {
-            "model": drafter.state_dict(),
-            "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(),
-            # The data position is the step: batch g is a function of g (target_rank.py).
-            "data": {"kind": "pipeline", "next_batch": at * layout.per_step},
-            "rng": rng_state(gen),
-            "step": at,
-        }
-        ckpt.save_checkpoint(run_dir, at, state, cfg.keep_last, drafter.config)
+        # The data position is the step: batch g is a function of g (target_rank.py).
+        data = {"kind": "pipeline", "next_batch": at * layout.per_step}
+        ckpt.save_checkpoint(run_dir, at, run.state_dict(at, data), cfg.keep_last, drafter.config)
 
     end = [cfg.max_steps]  # exclusive; lowered on a stop to drain what targets sent
 
@@ -125,7 +90,7 @@ def run_drafter(
     clock = Clock()
     recv = Receiver(
         layout, d, schedule(), cfg.max_in_flight, HEADER + 4 * rows * seq,
-        (rows, seq, feat_dim), dtype, device, cfg.dist_timeout, clock,
+        (rows, seq, feat_dim), run.dtype, device, cfg.dist_timeout, clock,
     )  # fmt: skip
     acc = Accumulator(cfg.block_size, device)
     bad_route = torch.zeros((), dtype=torch.bool, device=device)
@@ -139,26 +104,24 @@ def run_drafter(
     stop = False
     A = layout.accum
 
-    drafter.train()
-    while step < cfg.max_steps and not stop:
-        for a, (g, t) in enumerate(layout.drafter_batches(d, step)):
-            got = recv.get()
+    def arrivals(step: int):
+        """This step's micro-batches off the wire, as the step function takes them."""
+        for g, t in layout.drafter_batches(d, step):
+            got = recv.get()  # its wait is charged to wait_recv inside
             assert got is not None and got[0] == g, (got, g)
             _, _, meta, feats = got
             header, ids, mask, docs, pos = unpack_meta(meta, rows, seq)
-            with clock("compute"):
-                bad_route |= header[0] != g  # checked on the next logging step
-                heard[t].copy_(header[3:])  # the target's freshest telemetry
-                tokens.add_(header[1])
-                # Reduce gradients once per step, on the last micro-batch.
-                sync = model.no_sync() if a < A - 1 else contextlib.nullcontext()
-                with sync:
-                    loss, stats = micro_step(
-                        cfg, model, gen, g, ids, mask, docs, pos, feats, scale=A
-                    )
-                acc.add(loss, stats, A, header[1])
-        with clock("compute"):
-            grad_norm, lr = optimizer_step(cfg, drafter.parameters(), opt, sched)
+            bad_route.logical_or_(header[0] != g)  # checked on the next logging step
+            heard[t].copy_(header[3:])  # the target's freshest telemetry
+            tokens.add_(header[1])
+            # n_docs is not sent: only the data counters of the single process use it.
+            yield FeatureBatch(g, PackedBatch(ids, mask, docs, pos, 0, 0), feats, header[1])
+
+    drafter.train()
+    while step < cfg.max_steps and not stop:
+        with clock("compute"):  # the receive waits inside are subtracted (telemetry.py)
+            res = train_step(run, step, arrivals(step), n_micro=A, model=model, acc=acc)
+        grad_norm, lr = res.grad_norm, res.lr
         step += 1
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             want_stop = flag.signum is not None

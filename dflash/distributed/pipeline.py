@@ -27,11 +27,7 @@ from dflash import checkpoint as ckpt
 from dflash.components import resolve_device
 from dflash.config import TrainConfig
 from dflash.distributed.roles import Layout, resolve_split
-from dflash.loop import StopFlag, catch_signals
-
-
-def in_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+from dflash.run import StopFlag, catch_signals
 
 
 def _device(cfg: TrainConfig) -> torch.device:

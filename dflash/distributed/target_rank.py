@@ -15,11 +15,11 @@ from collections import deque
 import torch
 import torch.distributed as dist
 
-from dflash.components import load_target, load_tokenizer, make_stream, resolve_attn
 from dflash.config import TrainConfig
 from dflash.distributed.p2p import Sender, pack_meta, post, unpack_meta, wait
 from dflash.distributed.roles import Layout
 from dflash.distributed.telemetry import Clock
+from dflash.run import build_run
 
 
 def control_steps(cfg: TrainConfig, start_step: int) -> list[int]:
@@ -66,12 +66,9 @@ def run_target(
 ) -> dict:
     _, t = layout.role(rank)
     cuda = device.type == "cuda"
-    dtype = torch.bfloat16 if cuda else torch.float32
-    attn = resolve_attn(cfg, device)
-    tokenizer = load_tokenizer(cfg)
-    # TargetFeatures stops after the deepest selected layer: no later layers, no LM head.
-    target = load_target(cfg, tokenizer, device, dtype, attn)
-    source = GlobalBatches(make_stream(cfg, tokenizer), start_step * layout.per_step)
+    run = build_run(cfg, "target", device)
+    target = run.target
+    source = GlobalBatches(run.stream, start_step * layout.per_step)
     rows, seq = cfg.rows, cfg.seq_len
     clock = Clock()
     sender = Sender(layout, rank, cfg.max_in_flight, cfg.dist_timeout, clock)

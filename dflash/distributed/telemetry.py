@@ -33,14 +33,21 @@ class Clock:
         self.in_flight = 0  # sum of links' occupancy sampled at each send
         self.n = 0  # samples of in_flight
         self.tokens = 0
+        self._inner: list[int] = []
 
     @contextlib.contextmanager
     def __call__(self, kind: str):
+        """Time a span as `kind`. Spans nest and count exclusively: a receive wait inside
+        a drafter step's compute span is wait_recv, not compute too."""
         t = time.perf_counter_ns()
+        self._inner.append(0)  # time of the spans nested in this one
         try:
             yield
         finally:
-            self.ns[kind] += time.perf_counter_ns() - t
+            dt = time.perf_counter_ns() - t
+            self.ns[kind] += dt - self._inner.pop()
+            if self._inner:
+                self._inner[-1] += dt
 
     def counters(self) -> list[int]:
         elapsed = time.perf_counter_ns() - self.t0

@@ -1,17 +1,13 @@
-"""Build the pieces of one benchmark step from a workload, without any download.
+"""A workload's run, built by the trainer's own setup (dflash/run.py), without any download.
 
 The target is a random-weight Qwen3ForCausalLM built from the workload's config and
 the tokenizer is the tiny local one: data is random, so only the embedding size
 matters, and it is padded up to the target's vocabulary (the first padded row is the
-mask token, as for Qwen3). Everything else is the trainer's own code (TrainConfig,
-TargetFeatures, the drafter, DraftStep, the optimizer), so the bench times what
-`dflash train` runs.
+mask token, as for Qwen3). Everything else is the trainer's own `build_run` (drafter,
+DraftStep, optimizer, data stream), so the bench times what `dflash train` runs.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -20,18 +16,6 @@ from dflash.config import TrainConfig
 from dflash.target import TargetFeatures, target_layer_ids
 
 TARGET_SEED = 1234  # the same random target in every repeat, like the tiny preset's
-
-
-@dataclass
-class Pieces:
-    cfg: TrainConfig
-    device: torch.device
-    target: TargetFeatures
-    drafter: torch.nn.Module
-    step_fn: Any
-    stream: Any
-    opt: torch.optim.Optimizer
-    sched: Any
 
 
 def train_config(w: Workload, out: str) -> TrainConfig:
@@ -84,19 +68,11 @@ def build_target(w: Workload, tokenizer_len: int, device, dtype, attn: str) -> T
     return TargetFeatures(model, ids).to(device=device, dtype=dtype)
 
 
-def build(w: Workload, out: str) -> Pieces:
-    from dflash.components import build_drafter, make_stream, resolve_attn, resolve_device
-    from dflash.data.tokenizer import build_tiny_tokenizer
-    from dflash.loop import build_draft_step, build_optimizer
+def build(w: Workload, out: str):
+    """The workload's dflash.run.Run (single role) with its own random target."""
+    from dflash.run import build_run
 
-    cfg = train_config(w, out)
-    device = resolve_device(cfg)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    attn = resolve_attn(cfg, device)
-    tokenizer = build_tiny_tokenizer()
-    target = build_target(w, len(tokenizer), device, dtype, attn)
-    drafter = build_drafter(cfg, target, tokenizer).to(device)  # fp32 master weights
-    step_fn = build_draft_step(cfg, drafter, target, device, attn)
-    stream = make_stream(cfg, tokenizer)
-    opt, sched = build_optimizer(cfg, drafter.parameters())
-    return Pieces(cfg, device, target, drafter, step_fn, stream, opt, sched)
+    def make_target(tokenizer, device, dtype, attn: str) -> TargetFeatures:
+        return build_target(w, len(tokenizer), device, dtype, attn)
+
+    return build_run(train_config(w, out), "single", make_target=make_target)

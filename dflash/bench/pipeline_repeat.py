@@ -5,7 +5,7 @@ pipeline's tokens/s and each side's compute / wait / idle fractions
 (dflash/distributed/telemetry.py). A repeat turns those into the same per-step samples as
 the colocated worker: step time, tokens/s and per-stage seconds per step. The
 pipeline efficiency (tokens/s divided by the capacity of the slowest stage measured
-alone) comes from bench/pipeline_efficiency.py when this is a checkout that has it.
+alone) comes from dflash/bench/capacity.py.
 The pipeline loads its target with `load_target`, so these workloads use the tiny
 preset's target; a Qwen3-8B-shaped pipeline needs a local HF target directory.
 """
@@ -13,7 +13,6 @@ preset's target; a Qwen3-8B-shaped pipeline needs a local HF target directory.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -35,18 +34,9 @@ STAGE_KEYS = {
 TIMEOUT_S = 3600.0
 
 
-def _efficiency_module():
-    path = Path(__file__).resolve().parents[2] / "bench" / "pipeline_efficiency.py"
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location("dflash_pipeline_efficiency", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def run_pipeline_repeat(w: Workload, scratch: str) -> dict[str, Any]:
-    from dflash.bench.build import train_config
+    from dflash.bench.capacity import stage_capacity
+    from dflash.bench.workload_setup import train_config
     from dflash.config import TINY_TARGET
     from dflash.distributed.launch import torchrun_command
 
@@ -90,16 +80,8 @@ def run_pipeline_repeat(w: Workload, scratch: str) -> dict[str, Any]:
         "interop_threads": None,
         "bottleneck": proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "",
     }
-    eff = _efficiency_module()
-    if eff is not None:
-        alone = eff.stage_capacity(cfg)
-        capacity = min(
-            w.targets * alone["target_tok_per_s"], w.drafters * alone["drafter_tok_per_s"]
-        )
-        rate = sorted(s["tok_per_s"] for s in steady)[len(steady) // 2]
-        result["pipeline"] = {
-            **alone,
-            "capacity_tok_per_s": capacity,
-            "efficiency": rate / capacity,
-        }
+    alone = stage_capacity(cfg)
+    capacity = min(w.targets * alone["target_tok_per_s"], w.drafters * alone["drafter_tok_per_s"])
+    rate = sorted(s["tok_per_s"] for s in steady)[len(steady) // 2]
+    result["pipeline"] = {**alone, "capacity_tok_per_s": capacity, "efficiency": rate / capacity}
     return result

@@ -1,0 +1,92 @@
+"""Pipeline efficiency: tokens/s of a T-target + D-drafter run divided by the capacity of
+its slowest stage measured alone (T x one target's tokens/s, D x one drafter's).
+
+1.0 means the pipeline costs nothing beyond its slowest stage; the gap is transfer,
+waiting and imbalance. Each stage alone runs the trainer's own setup and step
+(dflash/run.py, dflash/step.py). `measure(cfg)` returns the figures: the bench's pipeline
+workloads record them, and bench/pipeline_efficiency.py prints them as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from dflash.components import resolve_device
+from dflash.config import TrainConfig
+from dflash.distributed.launch import torchrun_command
+from dflash.run import build_run
+from dflash.step import FeatureBatch, train_step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def stage_capacity(cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> dict[str, float]:
+    """Tokens/s of one target and of one drafter, each alone in this process."""
+    run = build_run(cfg, "single")
+    device, target = run.device, run.target
+    data = [next(run.stream).to(device) for _ in range(batches + warmup)]
+    n_tokens = sum(b.n_tokens for b in data[warmup:])
+
+    def timed(fn) -> float:
+        for b in data[:warmup]:
+            fn(b)
+        _sync(device)
+        t = time.perf_counter()
+        for b in data[warmup:]:
+            fn(b)
+        _sync(device)
+        return n_tokens / (time.perf_counter() - t)
+
+    target_rate = timed(lambda b: target(b.input_ids, b.positions, b.doc_ids))
+    feats = {id(b): target(b.input_ids, b.positions, b.doc_ids) for b in data}
+
+    def train_one(b) -> None:  # the trainer's step over one micro-batch (grad_accum 1)
+        train_step(run, 0, [FeatureBatch(0, b, feats[id(b)], b.n_tokens)], n_micro=1)
+
+    drafter_rate = timed(train_one)
+    return {"target_tok_per_s": target_rate, "drafter_tok_per_s": drafter_rate}
+
+
+def pipeline_rate(cfg: TrainConfig, nproc: int, timeout: float = 600) -> float:
+    """Drafter-side tokens/s of a torchrun job, averaged over its logging intervals after
+    the first (which holds start-up)."""
+    cmd = torchrun_command(cfg, nproc, module="dflash.distributed.rank_cli")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    subprocess.run(cmd, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL)
+    lines = (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()
+    rates = [json.loads(x)["pipe/drafter_tok_per_s"] for x in lines][1:]
+    if not rates:
+        raise ValueError("need at least two logging steps: raise --max-steps or lower --log-every")
+    return sum(rates) / len(rates)
+
+
+def measure(cfg: TrainConfig) -> dict[str, float | int | str]:
+    if not (cfg.targets and cfg.drafters):
+        raise ValueError("set --targets and --drafters")
+    alone = stage_capacity(cfg)
+    stages = {
+        "targets": cfg.targets * alone["target_tok_per_s"],
+        "drafters": cfg.drafters * alone["drafter_tok_per_s"],
+    }
+    slowest = min(stages, key=stages.get)
+    measured = pipeline_rate(cfg, cfg.targets + cfg.drafters)
+    return {
+        "targets": cfg.targets,
+        "drafters": cfg.drafters,
+        "target_alone_tok_per_s": alone["target_tok_per_s"],
+        "drafter_alone_tok_per_s": alone["drafter_tok_per_s"],
+        "slowest_stage": slowest,
+        "capacity_tok_per_s": stages[slowest],
+        "measured_tok_per_s": measured,
+        "efficiency": measured / stages[slowest],
+        "device": str(resolve_device(cfg)),
+    }
