@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .context import Context
 from .findings import Finding
-from .fingerprint import diff_manifests, digests, summarize_diff
+from .fingerprint import digests
+from .manifest_diff import diff_manifests, summarize_diff
 from .settings import match_settings
 
 

@@ -27,9 +27,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-# The manifest diff lives in manifest_diff.py; imported here so older imports keep working.
-from .manifest_diff import diff_manifests, summarize_diff  # noqa: F401
-
 SCHEMA = 1
 COMPONENTS = ("interpreter", "distributions", "libraries", "torch", "variables")
 INSTALLATION = ("interpreter", "distributions", "libraries", "torch")

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .fingerprint import COMPONENTS
+
 # Sections outside the fingerprint, diffed only when both manifests have them.
 EXTRAS = ("library_info", "site_files")
 
@@ -86,9 +88,6 @@ def diff_manifests(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]
     explains)}. The extras appear in "changed_components" only when both manifests
     carry them, so an older manifest never looks changed for lacking them.
     """
-    # Imported here: fingerprint.py re-exports this module's functions for older imports.
-    from .fingerprint import COMPONENTS
-
     out: dict[str, Any] = {
         "same": a.get("fingerprint") == b.get("fingerprint"),
         "fingerprint": {"from": a.get("fingerprint"), "to": b.get("fingerprint")},
