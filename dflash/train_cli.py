@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="print a shipped recipe and exit, e.g. `--show-recipe qwen3-8b > dflash.toml`",
     )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        default=None,  # None when absent, so a bare `dflash train` stays bare
+        help="print the GPU memory of one training step of this configuration and exit "
+        "(nothing is loaded or trained; --target DIR needs only config.json, or Qwen/Qwen3-8B)",
+    )
 
 
 def default_out(preset: str) -> str:
@@ -76,8 +83,11 @@ def _located(e: ConfigError, recipe: recipes.Recipe | None, flags: dict) -> str:
     return f"{recipe.path}: key {e.field!r} {e.message}"
 
 
-def resolve(args: argparse.Namespace) -> tuple[TrainConfig, recipes.Recipe | None]:
-    """The config of this run and the recipe it came from. ValueError: one line."""
+def resolve(
+    args: argparse.Namespace, check_paths: bool = True
+) -> tuple[TrainConfig, recipes.Recipe | None]:
+    """The config of this run and the recipe it came from. ValueError: one line.
+    `check_paths=False`: target and data need not exist (--plan reads neither)."""
     fields = [f.name for f in dataclasses.fields(TrainConfig)]
     flags = {k: getattr(args, k) for k in fields if getattr(args, k, None) is not None}
     recipe = recipes.load(flags["config"]) if "config" in flags else None
@@ -92,7 +102,8 @@ def resolve(args: argparse.Namespace) -> tuple[TrainConfig, recipes.Recipe | Non
         values["out"] = default_out(str(values.get("preset", "tiny")))
     try:
         cfg = TrainConfig(**values)
-        check_local_paths(cfg)
+        if check_paths:
+            check_local_paths(cfg)
     except ConfigError as e:
         raise ValueError(_located(e, recipe, flags)) from None
     return cfg, recipe
@@ -142,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
         bare = False
     elif bare:  # never a usage error: the tiny CPU run, then how to go further
         args.config = "tiny"
+    if args.plan:  # memory of one step of this configuration, nothing trained
+        from dflash.memplan import run_cli
+
+        return run_cli(args)
     try:
         cfg, recipe = resolve(args)
     except ValueError as e:
