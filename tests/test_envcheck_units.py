@@ -16,13 +16,8 @@ from dflash.envcheck import caches, probe, probe_gpu
 from dflash.envcheck.cuda import cuda_major_of, decode_reasons, driver_verdict, torch_cuda_major
 from dflash.envcheck.doctor import Report, run_doctor
 from dflash.envcheck.findings import Finding
-from dflash.envcheck.fingerprint import (
-    build_manifest,
-    components_from_probe,
-    diff_manifests,
-    fingerprint,
-    summarize_diff,
-)
+from dflash.envcheck.fingerprint import build_manifest, components_from_probe, fingerprint
+from dflash.envcheck.manifest_diff import diff_manifests, summarize_diff
 from dflash.envcheck.report import render_human
 
 # The package exports the preflight *function* under the same name as its module.

@@ -13,12 +13,16 @@ File locations: baked_lock_path(prefix), manifest_path(prefix), IMAGE_DATA_DIR.
 loads the module first and then binds the function over it, so
 `from dflash.envcheck import preflight` and
 `from dflash.envcheck.preflight import preflight` both give the function.
+
+The rest is imported on first use (PEP 562): every `dflash doctor` and `dflash
+env` run imports this package first, and its probes should be running before the
+doctor's own modules (packaging, tomllib, the checks) are imported.
 """
 
-from .caches import configure_compile_caches
-from .doctor import Report, environment_manifest, run_doctor
+import importlib
+from typing import Any
+
 from .findings import CODES, Finding
-from .fingerprint import diff_manifests, environment_fingerprint
 from .paths import (
     BAKED_LOCK_NAME,
     COMPILE_CACHE_ROOT_ENV,
@@ -30,6 +34,24 @@ from .paths import (
     manifest_path,
 )
 from .preflight import DirtyEnvironment, preflight
+
+_LAZY = {
+    "configure_compile_caches": "caches",
+    "Report": "doctor",
+    "environment_manifest": "doctor",
+    "run_doctor": "doctor",
+    "diff_manifests": "manifest_diff",
+    "environment_fingerprint": "fingerprint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BAKED_LOCK_NAME",

@@ -3,7 +3,9 @@
 Each probe runs as `python -I <probe file>`: isolated mode ignores PYTHONPATH,
 the user site and the current directory, so what is audited is exactly the
 interpreter's own environment. The probes run concurrently; importing torch
-(~3 s) dominates, so the static audit costs no extra wall time.
+(~3 s) dominates, so the static audit costs no extra wall time. Under
+`--no-import` the static probe is the longest (about 0.5 s): the CLI starts the
+probes before importing the doctor's own modules, so those imports overlap it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .paths import sample_cache_path
 
 HERE = Path(__file__).resolve().parent
 MARKER = "DFLASH_PROBE_JSON:"
@@ -37,9 +41,11 @@ class ProbeData:
     startup: dict[str, Any] | None = None
 
 
-def _start(python: str, script: str, flags: tuple[str, ...] = ("-I",)) -> subprocess.Popen[str]:
+def _start(
+    python: str, script: str, flags: tuple[str, ...] = ("-I",), args: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [python, *flags, str(HERE / script)],
+        [python, *flags, str(HERE / script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -62,6 +68,11 @@ def _finish(proc: subprocess.Popen[str], script: str, timeout: float) -> dict[st
     raise ProbeError(f"{script} exited with status {proc.returncode} and no result:\n{tail}")
 
 
+def _start_static(python: str) -> subprocess.Popen[str]:
+    # the probe keeps its libraries' sampled hashes there for the next run
+    return _start(python, "probe.py", args=(str(sample_cache_path(python)),))
+
+
 def resolve_python(python: str | None) -> str:
     """The interpreter to audit. A venv's bin/python is kept as given: resolving
     the symlink would audit the base interpreter instead of the venv."""
@@ -75,52 +86,79 @@ def resolve_python(python: str | None) -> str:
     return str(path.absolute())
 
 
-def collect(python: str | None = None, import_torch: bool = True) -> ProbeData:
-    exe = resolve_python(python)
-    errors: list[str] = []
-    torch_proc = gpu_proc = static_proc = startup_proc = None
-    try:
+class Probes:
+    """The probes of one audit, started and still running: `start_probes` returns at
+    once, so the caller can import and read what it needs (the doctor's modules,
+    uv.lock) while the interpreters work; `finish` waits and gathers."""
+
+    def __init__(self, python: str | None, import_torch: bool) -> None:
+        self.exe = resolve_python(python)
+        self.procs: dict[str, subprocess.Popen[str] | None] = {}
         try:
-            torch_proc = _start(exe, "probe_torch.py") if import_torch else None
-            gpu_proc = _start(exe, "probe_gpu.py")
-            static_proc = _start(exe, "probe.py")
+            # the slowest first: torch's import, then the static probe's stat of every file
+            if import_torch:
+                self.procs["probe_torch.py"] = _start(self.exe, "probe_torch.py")
+            self.procs["probe.py"] = _start_static(self.exe)
             # -S: site must not run here, the probe replays it without executing hooks
-            startup_proc = _start(exe, "probe_startup.py", ("-I", "-S"))
+            self.procs["probe_startup.py"] = _start(self.exe, "probe_startup.py", ("-I", "-S"))
+            self.procs["probe_gpu.py"] = _start(self.exe, "probe_gpu.py")
         except OSError as exc:
-            raise ProbeError(f"cannot run {exe}: {exc}") from exc
-        static = _finish(static_proc, "probe.py", STATIC_TIMEOUT_S)
-        try:
-            startup = _finish(startup_proc, "probe_startup.py", STATIC_TIMEOUT_S)
-        except ProbeError as exc:
-            errors.append(str(exc))
-            startup = {"error": str(exc)}
-        try:
-            gpu = _finish(gpu_proc, "probe_gpu.py", STATIC_TIMEOUT_S)
-        except ProbeError as exc:
-            errors.append(str(exc))
-            gpu = {"source": None, "gpus": [], "error": str(exc)}
-        torch_data = None
-        if torch_proc is not None:
-            try:
-                torch_data = _finish(torch_proc, "probe_torch.py", TORCH_TIMEOUT_S)
-            except ProbeError as exc:
-                # A crash (e.g. a segfault in a mismatched CUDA library) is itself a finding.
-                torch_data = {"imported": False, "error": str(exc)}
-    finally:
-        for proc in (torch_proc, gpu_proc, static_proc, startup_proc):
+            self.kill()
+            raise ProbeError(f"cannot run {self.exe}: {exc}") from exc
+
+    def kill(self) -> None:
+        for proc in self.procs.values():
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    return ProbeData(
-        python=exe, static=static, gpu=gpu, torch=torch_data, errors=errors, startup=startup
-    )
+
+    def finish(self) -> ProbeData:
+        errors: list[str] = []
+        procs = self.procs
+        try:
+            static = _finish(procs["probe.py"], "probe.py", STATIC_TIMEOUT_S)
+            try:
+                startup = _finish(procs["probe_startup.py"], "probe_startup.py", STATIC_TIMEOUT_S)
+            except ProbeError as exc:
+                errors.append(str(exc))
+                startup = {"error": str(exc)}
+            try:
+                gpu = _finish(procs["probe_gpu.py"], "probe_gpu.py", STATIC_TIMEOUT_S)
+            except ProbeError as exc:
+                errors.append(str(exc))
+                gpu = {"source": None, "gpus": [], "error": str(exc)}
+            torch_data = None
+            if "probe_torch.py" in procs:
+                try:
+                    torch_data = _finish(procs["probe_torch.py"], "probe_torch.py", TORCH_TIMEOUT_S)
+                except ProbeError as exc:
+                    # A crash (e.g. a segfault in a mismatched CUDA library) is itself a finding.
+                    torch_data = {"imported": False, "error": str(exc)}
+        finally:
+            self.kill()
+        return ProbeData(
+            python=self.exe,
+            static=static,
+            gpu=gpu,
+            torch=torch_data,
+            errors=errors,
+            startup=startup,
+        )
+
+
+def start_probes(python: str | None = None, import_torch: bool = True) -> Probes:
+    return Probes(python, import_torch)
+
+
+def collect(python: str | None = None, import_torch: bool = True) -> ProbeData:
+    return start_probes(python, import_torch).finish()
 
 
 def collect_static(python: str | None = None) -> dict[str, Any]:
     """Only the static probe: what `dflash env fingerprint/manifest` need."""
     exe = resolve_python(python)
     try:
-        proc = _start(exe, "probe.py")
+        proc = _start_static(exe)
     except OSError as exc:
         raise ProbeError(f"cannot run {exe}: {exc}") from exc
     return _finish(proc, "probe.py", STATIC_TIMEOUT_S)

@@ -21,7 +21,7 @@ from .checks_integrity import check_integrity
 from .checks_libs import check_libs
 from .checks_lock import check_lock
 from .checks_startup import check_startup
-from .collect import ProbeData, ProbeError, collect
+from .collect import ProbeData, ProbeError, Probes, collect
 from .context import Context
 from .findings import Finding, FixContext, has_errors, sort_findings
 from .fingerprint import build_manifest, components_from_probe, fingerprint
@@ -198,16 +198,19 @@ def run_doctor(
     cache_root: str | os.PathLike[str] | None = None,
     device: str = "auto",
     verify: bool = False,
+    probes: Probes | None = None,
 ) -> Report:
     """Audit `python`'s environment (default: this interpreter). Never raises for
     a broken environment: every problem is a finding. `device` is what the run is
     meant to use (auto, cpu, cuda): hiding every GPU is an error only for cuda.
-    `verify` hashes every installed file against RECORD (seconds to a minute)."""
+    `verify` hashes every installed file against RECORD (seconds to a minute).
+    `probes`: the same interpreter's probes, already started by the caller
+    (`collect.start_probes(python, import_torch)`), to be gathered here."""
     if device not in DEVICES:
         raise ValueError(f"device {device!r} is not one of {DEVICES}")
     start = time.perf_counter()
     try:
-        probe = collect(python, import_torch=import_torch)
+        probe = probes.finish() if probes else collect(python, import_torch=import_torch)
     except ProbeError as exc:
         finding = Finding(
             "error",

@@ -58,13 +58,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .doctor import run_doctor
-    from .findings import CODES
-    from .report import render_human, render_json
-
     if args.list_codes:
+        from .findings import CODES
+
         sys.stdout.write("".join(f"{code:<24} {what}\n" for code, what in CODES.items()))
         return 0
+
+    from .collect import ProbeError, start_probes
+
+    # The probes first: the doctor's own imports (packaging, the checks) and the lock
+    # parse then overlap the interpreters' work instead of coming before it.
+    try:
+        probes = start_probes(args.python, import_torch=not args.no_import)
+    except ProbeError:
+        probes = None  # run_doctor tries again and reports why as a finding
+
+    from .doctor import run_doctor
+    from .report import render_human, render_json
 
     report = run_doctor(
         python=args.python,
@@ -74,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         cache_root=args.cache_root,
         device=args.device,
         verify=args.verify,
+        probes=probes,
     )
     text = render_json(report) if args.json else render_human(report, show_info=not args.quiet)
     sys.stdout.write(text + "\n")

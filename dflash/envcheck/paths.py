@@ -46,3 +46,13 @@ def verify_baseline_path(prefix: str | os.PathLike[str]) -> Path:
 
     key = hashlib.sha256(os.path.realpath(prefix).encode()).hexdigest()[:16]
     return default_compile_cache_root().parent / "verify" / f"{key}.json"
+
+
+def sample_cache_path(python: str | os.PathLike[str]) -> Path:
+    """Where the static probe keeps its libraries' sampled hashes between runs, one
+    file per interpreter path as given (a venv's bin/python, unresolved: every venv
+    of one base interpreter gets its own)."""
+    import hashlib
+
+    key = hashlib.sha256(os.path.abspath(python).encode()).hexdigest()[:16]
+    return default_compile_cache_root().parent / "samples" / f"{key}.json"

@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .doctor import run_doctor
-from .report import render_human
-
 BANNER = "!" * 100
+
+
+def run_doctor(*args: Any, **kwargs: Any) -> Any:
+    """doctor.run_doctor, imported on first call: importing dflash.envcheck (which
+    imports this module) stays light for the commands that start probes first."""
+    from .doctor import run_doctor as audit
+
+    return audit(*args, **kwargs)
 
 
 class DirtyEnvironment(RuntimeError):
@@ -57,6 +62,8 @@ def preflight(
             if f.severity == "warning":
                 log(f"  warning {f.code}: {f.message}")
         return record
+    from .report import render_human
+
     text = render_human(report, show_info=False)
     if not allow_dirty:
         raise DirtyEnvironment(text, record)

@@ -3,7 +3,9 @@
 Self-contained on purpose: it imports nothing but the standard library, so the
 doctor can audit a contaminated venv that does not even have dflash (or
 `packaging`) installed. It only collects facts and prints them as JSON; every
-judgement happens in the doctor process. It never imports torch.
+judgement happens in the doctor process. It never imports torch. Its one write:
+given a file (`python -I probe.py SAMPLE_CACHE`), it keeps the sampled hashes of
+the environment's libraries there for the next run (see SampleCache).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import ast
 import base64
 import csv
+import email.message
+import email.parser
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -37,10 +41,11 @@ VAR_PREFIXES = (
 # the build) and the section tables at the end, so another build hashes apart.
 SAMPLE_BYTES = 256 << 10
 MARKER = "DFLASH_PROBE_JSON:"
+HEADER_END = re.compile(r"\r?\n\r?\n")  # the empty line that ends METADATA's headers
 
 
 def is_shared_lib(name: str) -> bool:
-    base = os.path.basename(name)
+    base = name.rpartition("/")[2]  # os.path.basename, cheaper on 28k RECORD rows
     return base.endswith(".so") or ".so." in base
 
 
@@ -54,6 +59,46 @@ def sampled_sha256(path: str, size: int) -> str:
             fh.seek(-SAMPLE_BYTES, os.SEEK_END)
             h.update(fh.read(SAMPLE_BYTES))
     return h.hexdigest()
+
+
+class SampleCache:
+    """The sampled hashes of the last run, reused for a library whose stat identity
+    (size, mtime and ctime in ns, inode, device) has not changed: hashing 370
+    libraries' samples is a fifth of this probe's time. Writing a file updates its
+    ctime and no call sets ctime back (utime sets atime and mtime only), so a file
+    changed in place or replaced never matches; git's index trusts less than this."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path, self.old, self.new = path, {}, {}
+        if path:
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    data = json.load(fh)
+                self.old = data if isinstance(data, dict) else {}
+            except (OSError, ValueError):
+                pass
+
+    def sha(self, full: str, st: os.stat_result) -> str:
+        key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+        hit = self.old.get(full)
+        if isinstance(hit, list) and len(hit) == 2 and hit[0] == key:
+            digest = str(hit[1])
+        else:
+            digest = sampled_sha256(full, st.st_size)
+        self.new[full] = [key, digest]
+        return digest
+
+    def save(self) -> None:
+        if not self.path or self.new == self.old:
+            return
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(self.new, fh)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # read-only home (an image): the next run hashes again
 
 
 def record_hash(path: str) -> str:
@@ -173,12 +218,23 @@ def content_owner(full: str, size: int, claimants: list[dict]) -> str | None:
     return None
 
 
-def collect_distributions() -> dict[str, Any]:
+def metadata_headers(dist: importlib.metadata.Distribution) -> email.message.Message:
+    """`dist.metadata` without its body: importlib parses the whole file, long
+    description included (torch's is 50k lines), on every access; the headers end
+    at the first empty line, so parsing only them gives the same values."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or dist.read_text("") or ""
+    return email.parser.HeaderParser().parsestr(HEADER_END.split(text, 1)[0])
+
+
+def collect_distributions(samples: SampleCache | None = None) -> dict[str, Any]:
     dists: list[dict[str, Any]] = []
-    claims: dict[str, list[dict]] = {}
+    # path -> [(name, version, RECORD hash, RECORD size)]: tuples, one per RECORD row
+    # (28k for a torch env), made dicts only for the few paths two distributions claim
+    claims: dict[str, list[tuple]] = {}
     stats: dict[str, int] = {}
+    lib_stats: dict[str, os.stat_result] = {}
     for dist in importlib.metadata.distributions():
-        meta = dist.metadata  # parsed on every access: read it once
+        meta = metadata_headers(dist)
         name, version = meta["Name"], meta["Version"]
         site_dir = str(dist.locate_file(""))
         info_dir = str(getattr(dist, "_path", ""))
@@ -200,18 +256,30 @@ def collect_distributions() -> dict[str, Any]:
         # digest of every (path, size, mtime) tells a later run, in one comparison per
         # distribution, whether anything changed since `doctor --verify` hashed it all.
         resized: list[list] = []
-        stat_hash = hashlib.sha256()
+        stat_lines: list[str] = []
+        base = os.path.normpath(site_dir)
+        base = "" if base == "/" else base
         rows = read_record(dist)
         for rel, digest, size in rows:
             # Byte-code caches are optional and recreated on demand: not holes.
             if "__pycache__" in rel or rel.endswith(".pyc"):
                 continue
-            full = os.path.normpath(os.path.join(site_dir, rel))
-            parts = rel.split("/")
-            if parts[0] == "nvidia" and len(parts) > 2:
-                nvidia_dirs.add("/".join(parts[:2]))
-            claim = {"name": name, "version": version, "hash": digest, "size": size}
-            claims.setdefault(full, []).append(claim)
+            # what normpath would change: "." or ".." parts (../../bin/x), "//", a leading
+            # or trailing "/" (the test is wider than that: a name ending in "." is rare)
+            if "./" in rel or "//" in rel or rel.endswith(("/", ".")) or rel.startswith("/"):
+                full = os.path.normpath(os.path.join(site_dir, rel))
+            else:  # what normpath(join()) gives, without its cost on every row
+                full = base + "/" + rel
+            if rel.startswith("nvidia/"):
+                parts = rel.split("/")
+                if len(parts) > 2:
+                    nvidia_dirs.add("/".join(parts[:2]))
+            claim = (name, version, digest, size)
+            known = claims.get(full)
+            if known is None:
+                claims[full] = [claim]
+            else:
+                known.append(claim)
             try:
                 st = os.stat(full)
             except OSError:
@@ -219,41 +287,52 @@ def collect_distributions() -> dict[str, Any]:
                 continue
             stats[full] = st.st_size
             # whole seconds: image layers (tar) may not keep sub-second mtimes
-            stat_hash.update(f"{rel}\0{st.st_size}\0{int(st.st_mtime)}\n".encode())
+            stat_lines.append(f"{rel}\0{st.st_size}\0{int(st.st_mtime)}\n")
             if size is not None and st.st_size != size:
                 resized.append([rel, st.st_size, size])
             if is_shared_lib(rel):
                 libs.append(rel)
+                lib_stats[full] = st
+        stat_digest = hashlib.sha256("".join(stat_lines).encode()).hexdigest()
         entry.update(n_files=len(rows), missing=missing, libs=libs, nvidia_dirs=sorted(nvidia_dirs))
-        entry.update(resized=resized, stat_digest=stat_hash.hexdigest())
+        entry.update(resized=resized, stat_digest=stat_digest)
         dists.append(entry)
-    return {"distributions": dists, **_libraries_and_collisions(dists, claims, stats)}
+    samples = samples or SampleCache(None)
+    found = _libraries_and_collisions(dists, claims, stats, lib_stats, samples)
+    return {"distributions": dists, **found}
 
 
-def _libraries_and_collisions(dists: list, claims: dict, stats: dict) -> dict[str, Any]:
+def _claim(c: tuple) -> dict[str, Any]:
+    return {"name": c[0], "version": c[1], "hash": c[2], "size": c[3]}
+
+
+def _libraries_and_collisions(
+    dists: list, claims: dict, stats: dict, lib_stats: dict, samples: SampleCache
+) -> dict[str, Any]:
     libraries: dict[str, dict] = {}
     for d in dists:
         for rel in d["libs"]:
             full = os.path.normpath(os.path.join(d["site_dir"], rel))
             if full in libraries:
                 continue
-            owners = sorted({c["name"] for c in claims[full]})
+            owners = sorted({c[0] for c in claims[full]})
             libraries[full] = {
                 "rel": rel,
                 "size": stats[full],
-                "sha256_sampled": sampled_sha256(full, stats[full]),
+                "sha256_sampled": samples.sha(full, lib_stats[full]),
                 "owners": owners,
                 "content_owner": owners[0] if len(owners) == 1 else None,
             }
     collisions = []
-    for full, claimants in claims.items():
-        if len(claimants) < 2:
+    for full, rows in claims.items():
+        if len(rows) < 2:
             continue
-        names = {canonical(c["name"]) for c in claimants if c["name"]}
+        names = {canonical(c[0]) for c in rows if c[0]}
         # One distribution listing a file twice is no collision, nor are namespace
         # files such as nvidia/__init__.py that every claimant ships identically.
-        if len(names) < 2 or len({c["hash"] for c in claimants}) < 2:
+        if len(names) < 2 or len({c[2] for c in rows}) < 2:
             continue
+        claimants = [_claim(c) for c in rows]
         on_disk = stats.get(full)
         owner = content_owner(full, on_disk, claimants) if on_disk is not None else None
         if full in libraries:
@@ -296,8 +375,10 @@ def loader_paths(lib_names: set[str]) -> dict[str, Any]:
     return found
 
 
-def collect() -> dict[str, Any]:
-    data = collect_distributions()
+def collect(sample_cache: str | None = None) -> dict[str, Any]:
+    samples = SampleCache(sample_cache)
+    data = collect_distributions(samples)
+    samples.save()
     torch_dist = next((d for d in data["distributions"] if d["canonical"] == "torch"), None)
     spec = importlib.util.find_spec("dflash")
     data["interpreter"] = {
@@ -321,4 +402,4 @@ def collect() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(MARKER + json.dumps(collect()))
+    print(MARKER + json.dumps(collect(sys.argv[1] if len(sys.argv) > 1 else None)))

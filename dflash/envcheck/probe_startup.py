@@ -18,6 +18,8 @@ Standard library only (like probe.py), and it never imports an audited package.
 from __future__ import annotations
 
 import ast
+import email.message
+import email.parser
 import importlib.machinery
 import importlib.metadata
 import importlib.util
@@ -31,6 +33,7 @@ from typing import Any
 MARKER = "DFLASH_PROBE_JSON:"
 IMPORT_LINE = ("import ", "import\t")  # what site.addpackage executes
 EDITABLE_FINDER = re.compile(r"^__editable___.*_finder$")
+HEADER_END = re.compile(r"\r?\n\r?\n")  # the empty line that ends METADATA's headers
 
 
 def canonical(name: str) -> str:
@@ -191,17 +194,25 @@ def editable_mappings() -> dict[str, str]:
     return out
 
 
+def metadata_headers(dist: importlib.metadata.Distribution) -> email.message.Message:
+    """`dist.metadata` without its body (as in probe.py): importlib parses the whole
+    file, long description included, on every access; the headers end at the first
+    empty line, so parsing only them gives the same values."""
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or dist.read_text("") or ""
+    return email.parser.HeaderParser().parsestr(HEADER_END.split(text, 1)[0])
+
+
 def record_tops(dist: importlib.metadata.Distribution, suffixes: list[str]):
     """From one read of RECORD: the importable top-level names the distribution
     installed, and its top-level files (.pth, sitecustomize.py...) for ownership."""
     names: set[str] = set()
+    dirs: set[str] = set()
     files: list[str] = []
     for line in (dist.read_text("RECORD") or "").splitlines():
         path = line.split(",", 1)[0].strip('"')
         head, sep, _ = path.partition("/")
         if sep:
-            if head.isidentifier() and head != "__pycache__":
-                names.add(head)
+            dirs.add(head)  # judged once per directory below, not once per file
             continue
         files.append(head)
         for suffix in suffixes:
@@ -210,6 +221,7 @@ def record_tops(dist: importlib.metadata.Distribution, suffixes: list[str]):
                 if stem.isidentifier():
                     names.add(stem)
                 break
+    names.update(d for d in dirs if d.isidentifier() and d != "__pycache__")
     return sorted(names), files
 
 
@@ -234,7 +246,8 @@ def resolve(entries, own: list[str]) -> tuple[list[dict[str, Any]], dict[str, st
     owners: dict[str, str] = {}
     out = []
     for dist in importlib.metadata.distributions(path=[e["path"] for e in entries]):
-        name = dist.metadata["Name"]
+        meta = metadata_headers(dist)
+        name = meta["Name"]
         if not name:
             continue
         base = os.path.abspath(str(dist.locate_file("")))
@@ -265,7 +278,7 @@ def resolve(entries, own: list[str]) -> tuple[list[dict[str, Any]], dict[str, st
             {
                 "name": name,
                 "canonical": canonical(name),
-                "version": dist.metadata["Version"],
+                "version": meta["Version"],
                 "site_dir": base,
                 "modules": modules,
             }
