@@ -98,3 +98,7 @@ bench-quality *ARGS: setup
 # The same for the paired verdict (the default of `just bench`): --phase none|candidate|baseline
 bench-quality-paired *ARGS: setup
     {{run}} python bench/paired_quality.py {{ARGS}}
+
+# One training step of our drafter against vLLM speculators' DFlash on CPU, same shapes, interleaved fresh processes (builds speculators' own venv with uv); prints the time ratio last
+bench-peer *ARGS: setup
+    {{run}} python bench/peer_step.py {{ARGS}}
