@@ -90,6 +90,12 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
     raise ConfigError(name, f"must be {tp.__name__}, got {value!r} ({type(value).__name__})")
 
 
+def _from_preset(help: str) -> Any:
+    """A field whose default, None, means "the preset's value": filled in before
+    validation, so it is typed as its value and no code after __post_init__ sees None."""
+    return field(default=None, metadata={"help": help})
+
+
 @dataclass
 class TrainConfig:
     out: str = field(metadata={"help": "run directory (metrics, checkpoints, drafter/)"})
@@ -102,29 +108,27 @@ class TrainConfig:
     data: str = field(
         default="random", metadata={"help": "'random', or a .jsonl/.parquet/saved dataset path"}
     )
-    max_steps: int | None = field(default=None, metadata={"help": "optimizer steps"})
-    seq_len: int | None = field(default=None, metadata={"help": "token budget per packed row"})
+    max_steps: int = _from_preset("optimizer steps")
+    seq_len: int = _from_preset("token budget per packed row")
     rows: int = field(default=1, metadata={"help": "packed rows per micro-batch"})
-    block_size: int | None = field(default=None, metadata={"help": "drafter block size"})
-    max_anchors: int | None = field(
-        default=None, metadata={"help": "anchors per row (static shape)"}
-    )
-    draft_layers: int | None = field(default=None, metadata={"help": "drafter decoder layers"})
+    block_size: int = _from_preset("drafter block size")
+    max_anchors: int = _from_preset("anchors per row (static shape)")
+    draft_layers: int = _from_preset("drafter decoder layers")
     num_target_features: int = field(default=5, metadata={"help": "target layers fused"})
     mask_token_id: int | None = field(default=None, metadata={"help": "override mask row"})
-    lr: float | None = field(default=None, metadata={"help": "peak learning rate"})
+    lr: float = _from_preset("peak learning rate")
     min_lr_ratio: float = field(default=0.0, metadata={"help": "cosine floor / peak"})
     warmup_ratio: float = field(default=0.04, metadata={"help": "warmup share of steps"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     grad_clip: float = field(default=1.0, metadata={"help": "max grad norm (0 = off)"})
     grad_accum: int = field(default=1, metadata={"help": "micro-batches per step"})
     loss_gamma: float | None = field(default=None, metadata={"help": "slot decay gamma"})
-    loss_chunk: int | None = field(default=None, metadata={"help": "rows per CE chunk"})
+    loss_chunk: int = _from_preset("rows per CE chunk")
     seed: int = field(default=0, metadata={"help": "seed for init, data and anchors"})
-    min_doc_len: int | None = field(default=None, metadata={"help": "random data: min doc length"})
-    max_doc_len: int | None = field(default=None, metadata={"help": "random data: max doc length"})
+    min_doc_len: int = _from_preset("random data: min doc length")
+    max_doc_len: int = _from_preset("random data: max doc length")
     skip_bad_rows: bool = field(default=False, metadata={"help": "skip malformed rows"})
-    log_every: int | None = field(default=None, metadata={"help": "steps between metric lines"})
+    log_every: int = _from_preset("steps between metric lines")
     save_every: int = field(default=0, metadata={"help": "steps between checkpoints (0=end)"})
     keep_last: int = field(default=3, metadata={"help": "checkpoints kept"})
     compile: bool = field(default=False, metadata={"help": "torch.compile drafter + masks"})
@@ -144,14 +148,15 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        for name, hint in typing.get_type_hints(TrainConfig).items():
-            setattr(self, name, _typed(name, getattr(self, name), hint))
+        self.preset = _typed("preset", self.preset, str)
         if self.preset not in PRESETS:
             raise ConfigError("preset", f"{self.preset!r} unknown; choose one of {sorted(PRESETS)}")
         # None, never 0, means "from the preset": an explicit 0 is validated like any value.
         for key, value in PRESETS[self.preset].items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
+        for name, hint in typing.get_type_hints(TrainConfig).items():
+            setattr(self, name, _typed(name, getattr(self, name), hint))
         if self.preset != "tiny" and not self.target:
             raise ConfigError(
                 "target",
