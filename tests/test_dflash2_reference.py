@@ -1,0 +1,257 @@
+"""z-lab's published decoder (PyPI `dflash==0.1.0`, `DFlash2DraftModel`) reads our exported
+DFlash2 drafter as we build it: the same forward outputs, the same greedy selector walk,
+and the same greedy speculative decode, step by step, draft by draft.
+
+A tiny DFlash2 drafter is built from config with random weights (fixed seed; every
+tensor random, so the convolutions and the selector are far from their identity init),
+exported with save_pretrained, and loaded by their decoder in its own environment
+(tests/isolated_env.py, the pins of tests/test_reference_decoder.py).
+
+Forward: our packed training layout (three blocks in one call, dflash.visibility's
+mask) against their decode-time forward of each block alone, with the context that
+block may see; and one short block (their last block near max_new_tokens).
+Decode: a random tiny target, ours = dflash.spec_decode.speculative_generate with
+dflash.decode_dflash2.CachedDFlash2Drafter, theirs = dflash_generate.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from isolated_env import isolated_python, run_json
+from safetensors.torch import load_file, save_file
+from test_reference_decoder import ZLAB_DECODER, ZLAB_PINS, committed_per_step
+
+DRIVER = Path(__file__).with_name("dflash2_reference_driver.py")
+BLOCK = 4
+ANCHORS = [3, 7, 10]  # three packed blocks over a 12-token context
+CTX = 12
+SHORT = 3  # a block cut to 3 slots
+MAX_NEW_TOKENS = 24
+RTOL = 1e-5  # of the largest magnitude: float32, the same ops in another order and torch
+
+
+def build(tmp: Path):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from dflash.config import TINY_TARGET
+    from dflash.export_dflash2 import DFlash2Settings
+    from dflash.model_dflash2 import DFlash2DraftModel, make_dflash2_config
+
+    torch.manual_seed(0)
+    tcfg = Qwen3Config(vocab_size=128, tie_word_embeddings=False, **TINY_TARGET)
+    target = Qwen3ForCausalLM(tcfg).eval()
+    with torch.no_grad():  # logits of a few units (argmax, so the target's decode, unchanged)
+        target.lm_head.weight.mul_(40.0)
+    target.save_pretrained(tmp / "target")
+    settings = DFlash2Settings(
+        conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=6
+    )
+    cfg = make_dflash2_config(
+        tcfg,
+        settings=settings,
+        num_layers=2,
+        block_size=BLOCK,
+        mask_token_id=127,
+        target_layer_ids=[1, 5],
+    )
+    drafter = DFlash2DraftModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith("base_kernel"):
+                p.normal_(0.0, 0.7)
+            elif "codebook" in name:
+                p.normal_(0.0, 1.0)
+            else:
+                p.normal_(0.0, 0.15)
+    drafter.save_pretrained(tmp / "drafter")
+    return target, drafter
+
+
+def forward_cases(target, drafter):
+    """Our forward on the packed layout, and the per-block inputs for theirs."""
+    from dflash.visibility import dense_mask
+
+    g = torch.Generator().manual_seed(1)
+    feats = torch.randn(1, CTX, 2 * 64, generator=g)
+    tokens = torch.randint(0, 127, (1, CTX), generator=g)
+    embed, head = target.get_input_embeddings(), target.lm_head
+    anchors = torch.tensor([ANCHORS])
+    cases, ours = {}, []
+
+    def block(anchor: int, length: int):
+        ids = torch.full((1, length), drafter.mask_token_id)
+        ids[0, 0] = tokens[0, anchor]
+        return ids
+
+    with torch.no_grad():
+        ids = torch.cat([block(a, BLOCK) for a in ANCHORS], dim=1)
+        pos = (anchors.unsqueeze(-1) + torch.arange(BLOCK)).view(1, -1)
+        valid = torch.ones_like(anchors, dtype=torch.bool)
+        mask = dense_mask(anchors, valid, torch.zeros(1, CTX, dtype=torch.long), BLOCK)
+        ctx = drafter.project_context(feats)
+        packed = drafter(embed(ids), ctx, torch.arange(CTX)[None], pos, mask)
+        blocks = [packed[:, j * BLOCK : (j + 1) * BLOCK] for j in range(len(ANCHORS))]
+        # The short block: one block of SHORT slots at the last anchor, on its own.
+        a = ANCHORS[-1]
+        short_ids = block(a, SHORT)
+        short_mask = dense_mask(anchors[:, -1:], valid[:, -1:], torch.zeros(1, CTX).long(), SHORT)
+        short_pos = a + torch.arange(SHORT)[None]
+        blocks.append(
+            drafter(embed(short_ids), ctx, torch.arange(CTX)[None], short_pos, short_mask)
+        )
+        spans = [(a, BLOCK) for a in ANCHORS] + [(a, SHORT)]
+        for j, ((a, length), hidden) in enumerate(zip(spans, blocks, strict=True)):
+            anchor = tokens[0, a : a + 1]
+            tok, cand, _ = drafter.propose(hidden[:, 1:], anchor, head)
+            ours.append(
+                {"hidden": hidden, "logits": head(hidden), "tokens": tok, "candidates": cand}
+            )
+            cases[f"{j}.target_hidden"] = feats[:, :a]
+            cases[f"{j}.noise_embedding"] = embed(block(a, length))
+            cases[f"{j}.position_ids"] = torch.arange(a + length)[None]
+            cases[f"{j}.anchor"] = anchor
+        cases["lm_head"] = head.weight
+    return cases, ours
+
+
+def our_decode(target_dir: Path, drafter, prompts):
+    from transformers import AutoModelForCausalLM
+
+    from dflash.decode_dflash2 import CachedDFlash2Drafter
+    from dflash.spec_decode import CachedTarget, speculative_generate
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    target = CachedTarget(model, drafter.target_layer_ids)
+    cached = CachedDFlash2Drafter(drafter, model.get_input_embeddings(), model.lm_head)
+    drafts, propose = [], cached.propose
+
+    def recording(anchor, anchor_pos, block_size):
+        block = propose(anchor, anchor_pos, block_size)
+        drafts.append(block[1:].tolist())
+        return block
+
+    cached.propose = recording
+    rows = []
+    for ids in prompts:
+        drafts.clear()
+        res = speculative_generate(
+            target,
+            cached,
+            ids,
+            block_size=BLOCK,
+            max_new_tokens=MAX_NEW_TOKENS,
+            eos_ids=set(),
+        )
+        rows.append(
+            {"output_ids": res.output_ids, "accept": res.accept_lengths, "drafts": list(drafts)}
+        )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dflash2_reference")
+    target, drafter = build(root)
+    cases, ours = forward_cases(target, drafter)
+    save_file({k: v.clone().contiguous() for k, v in cases.items()}, root / "inputs.safetensors")
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 127, (n,), generator=g).tolist() for n in (5, 7, 9)]
+    request = {
+        "drafter": str(root / "drafter"),
+        "inputs": str(root / "inputs.safetensors"),
+        "outputs": str(root / "outputs.safetensors"),
+        "cases": len(ours),
+        "target": str(root / "target"),
+        "prompts": prompts,
+        "max_new_tokens": MAX_NEW_TOKENS,
+    }
+    (root / "request.json").write_text(json.dumps(request))
+    python = isolated_python("zlab-dflash-0.1.0", ZLAB_PINS, no_deps=(ZLAB_DECODER,))
+    ref = run_json(python, DRIVER.read_text(), str(root / "request.json"))
+    assert ref["versions"] == {"dflash": "0.1.0", "torch": "2.13.0", "transformers": "5.15.0"}
+    assert "site-packages" in ref["dflash_file"]  # their package, from their environment
+    theirs = load_file(root / "outputs.safetensors")
+    return {
+        "root": root,
+        "ref": ref,
+        "ours": ours,
+        "theirs": theirs,
+        "decoded": our_decode(root / "target", drafter, prompts),
+        "drafter": drafter,
+    }
+
+
+@pytest.mark.slow  # their ~3 GB environment on a cold uv cache
+def test_zlab_reads_the_export_completely(compared):
+    reading = compared["ref"]["reading"]
+    conf = json.loads((compared["root"] / "drafter" / "config.json").read_text())
+    assert reading["loading"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
+    assert reading["drafter_class"] == conf["architectures"][0] == "DFlash2DraftModel"
+    dcfg = conf["dflash_config"]
+    for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        assert reading[key] == dcfg[key], key
+    assert reading["block_size"] == BLOCK
+    assert reading["mask_token_id"] == dcfg["mask_token_id"]
+    assert reading["target_layer_ids"] == dcfg["target_layer_ids"]
+    assert reading["is_causal"] == [False, False]
+
+
+def max_abs(compared, what: str) -> tuple[float, float]:
+    """(max |ours - theirs|, max |ours|) over the cases."""
+    theirs, ours = compared["theirs"], compared["ours"]
+    diff = max((o[what] - theirs[f"{j}.{what}"]).abs().max().item() for j, o in enumerate(ours))
+    return diff, max(o[what].abs().max().item() for o in ours)
+
+
+@pytest.mark.slow
+def test_forward_outputs_match(compared):
+    for what in ("hidden", "logits"):
+        diff, scale = max_abs(compared, what)
+        print(f"{what}: max abs difference {diff:.3g} (largest |value| {scale:.3g})")
+        assert diff <= RTOL * scale, what
+    # Not a vacuous match: the outputs are far from zero and differ between blocks.
+    ours = compared["ours"]
+    assert all(o["logits"].abs().max() > 1.0 for o in ours)
+    assert (ours[0]["logits"] - ours[1]["logits"]).abs().max() > 0.1
+
+
+@pytest.mark.slow
+def test_selector_walk_matches(compared):
+    theirs = compared["theirs"]
+    for j, ours in enumerate(compared["ours"]):
+        assert torch.equal(ours["tokens"], theirs[f"{j}.tokens"]), j
+        # Same candidate sets (their top-k is unsorted, ours best first).
+        assert torch.equal(
+            ours["candidates"].sort(-1).values, theirs[f"{j}.candidates"].sort(-1).values
+        )
+    # The selector changed at least one pick from the per-slot argmax: the pair term matters.
+    argmax = [o["logits"][:, 1:].argmax(-1) for o in compared["ours"]]
+    assert any(
+        not torch.equal(a, o["tokens"]) for a, o in zip(argmax, compared["ours"], strict=True)
+    )
+
+
+@pytest.mark.slow
+def test_greedy_decode_identical(compared):
+    results = compared["ref"]["results"]
+    compared_drafts = 0
+    for ours, theirs in zip(compared["decoded"], results, strict=True):
+        assert theirs["output_ids"] == ours["output_ids"]
+        assert theirs["acceptance_lengths"] == committed_per_step(
+            ours["accept"], len(ours["output_ids"])
+        )
+        # Every full-size block drafted the same tokens (theirs shrinks the last blocks
+        # to what fits in max_new_tokens; ours always drafts full blocks).
+        for mine, step in zip(ours["drafts"], theirs["drafts"], strict=False):
+            if step["block"] == BLOCK:
+                assert step["tokens"] == mine
+                compared_drafts += 1
+    accepted = [a for row in compared["decoded"] for a in row["accept"]]
+    print(f"compared {compared_drafts} drafted blocks; accepted per step {accepted}")
+    assert compared_drafts >= 10
