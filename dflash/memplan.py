@@ -93,7 +93,8 @@ class MemoryPlan:
         return self.resident + (self.trunk if single else 0) + max(step, self.opt_peak)
 
     def table(self) -> str:
-        g = lambda b: f"{b / GIB:8.2f}"  # noqa: E731
+        unit, name = (GIB, "GiB") if self.total() >= GIB else (2**20, "MiB")  # tiny plans
+        g = lambda b: f"{b / unit:8.2f}"  # noqa: E731
         rows = [
             ("drafter weights (fp32 master)", self.weights),
             ("target embedding + LM head (frozen)", self.frozen),
@@ -104,7 +105,7 @@ class MemoryPlan:
             ("  of which fp32 gradients", self.grads),
             ("optimizer step transient", self.opt_peak),
         ]
-        out = [self.title, f"{'':44}{'GiB':>8}"]
+        out = [self.title, f"{'':44}{name:>8}"]
         out += [f"{name:44}{g(b)}" for name, b in rows]
         fits = lambda b: " ".join(f"{'fits' if b <= n * GIB else 'OVER'} {n}" for n in GPUS_GIB)  # noqa: E731
         for single in (True, False):
