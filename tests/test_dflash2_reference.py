@@ -31,6 +31,7 @@ ANCHORS = [3, 7, 10]  # three packed blocks over a 12-token context
 CTX = 12
 SHORT = 3  # a block cut to 3 slots
 MAX_NEW_TOKENS = 24
+HOT = [11, 23, 57, 74]
 RTOL = 1e-5  # of the largest magnitude: float32, the same ops in another order and torch
 
 
@@ -44,8 +45,13 @@ def build(tmp: Path):
     torch.manual_seed(0)
     tcfg = Qwen3Config(vocab_size=128, tie_word_embeddings=False, **TINY_TARGET)
     target = Qwen3ForCausalLM(tcfg).eval()
-    with torch.no_grad():  # logits of a few units (argmax, so the target's decode, unchanged)
-        target.lm_head.weight.mul_(40.0)
+    with torch.no_grad():
+        # Logits of a few units, with HOT tokens far ahead of the rest: the target then
+        # decodes among them, and so does the drafter (same head), which then has drafts
+        # accepted by chance: the comparison covers steps that commit several tokens.
+        scale = torch.full((128, 1), 2.0)
+        scale[HOT] = 40.0
+        target.lm_head.weight.mul_(scale)
     target.save_pretrained(tmp / "target")
     settings = DFlash2Settings(
         conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=6
@@ -255,3 +261,6 @@ def test_greedy_decode_identical(compared):
     accepted = [a for row in compared["decoded"] for a in row["accept"]]
     print(f"compared {compared_drafts} drafted blocks; accepted per step {accepted}")
     assert compared_drafts >= 10
+    # Steps that committed drafts too (not only bonus tokens): the context cache after
+    # accepted drafts is compared as well.
+    assert sum(a > 0 for a in accepted) >= 5 and max(accepted) >= 2
