@@ -19,7 +19,8 @@ def check_integrity(ctx: Context) -> list[Finding]:
         if res.baseline == "the image manifest"
         else "sizes of every file, hashes of files changed since the last --verify"
         if res.baseline
-        else "sizes of every file, hashes of the Python sources (no --verify baseline yet)"
+        else "sizes of every file; no baseline yet, so an edit that keeps a file's size "
+        "is not seen until `dflash doctor --verify` runs once"
     )
     findings = [
         Finding(

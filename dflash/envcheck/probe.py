@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import time
 from typing import Any
 
 # Environment variables worth reporting (and, filtered, fingerprinting): they change
@@ -40,6 +41,8 @@ VAR_PREFIXES = (
 # the samples hold the ELF header, the linker's build-id note (itself a hash of
 # the build) and the section tables at the end, so another build hashes apart.
 SAMPLE_BYTES = 256 << 10
+RACY_NS = 2_000_000_000  # SampleCache keeps files unchanged for this long before hashing
+SAMPLE_CACHE_KEEP = 32  # cache files kept (one per audited interpreter)
 MARKER = "DFLASH_PROBE_JSON:"
 HEADER_END = re.compile(r"\r?\n\r?\n")  # the empty line that ends METADATA's headers
 
@@ -66,10 +69,13 @@ class SampleCache:
     (size, mtime and ctime in ns, inode, device) has not changed: hashing 370
     libraries' samples is a fifth of this probe's time. Writing a file updates its
     ctime and no call sets ctime back (utime sets atime and mtime only), so a file
-    changed in place or replaced never matches; git's index trusts less than this."""
+    changed in place or replaced never matches. File times come from a coarse clock
+    (a few ms): a file changed within RACY_NS of being hashed is not kept, or an
+    edit in the same tick could look unchanged (git's "racily clean" rule)."""
 
     def __init__(self, path: str | None) -> None:
         self.path, self.old, self.new = path, {}, {}
+        self.started_ns = time.time_ns()
         if path:
             try:
                 with open(path, encoding="utf-8") as fh:
@@ -85,7 +91,8 @@ class SampleCache:
             digest = str(hit[1])
         else:
             digest = sampled_sha256(full, st.st_size)
-        self.new[full] = [key, digest]
+        if st.st_ctime_ns < self.started_ns - RACY_NS:
+            self.new[full] = [key, digest]
         return digest
 
     def save(self) -> None:
@@ -97,8 +104,16 @@ class SampleCache:
             with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump(self.new, fh)
             os.replace(tmp, self.path)
+            _prune(os.path.dirname(self.path))
         except OSError:
             pass  # read-only home (an image): the next run hashes again
+
+
+def _prune(folder: str) -> None:
+    """Keep the newest SAMPLE_CACHE_KEEP files: tests audit many throwaway venvs."""
+    entries = sorted(os.scandir(folder), key=lambda e: e.stat().st_mtime, reverse=True)
+    for entry in entries[SAMPLE_CACHE_KEEP:]:
+        os.unlink(entry.path)
 
 
 def record_hash(path: str) -> str:
