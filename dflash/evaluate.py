@@ -1,5 +1,8 @@
 """Evaluate a drafter by speculative decoding with its target: tau, histogram, speedup.
 
+Greedy by default; with a Sampling of temperature > 0 the decode samples (docs/eval.md),
+from one random stream seeded with its seed and drawn in prompt order.
+
 Loading checks that drafter and target belong together before anything is decoded;
 prompts are rendered with the target's chat template (generation prompt open) and
 checked against the context length up front, so a bad prompt fails before any work.
@@ -17,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from dflash.data.sources import DataError
+from dflash.sampling import Sampling
 from dflash.spec_decode import (
     CachedDrafter,
     CachedTarget,
@@ -122,6 +126,14 @@ def fit_context(prompts: list[Prompt], limit: int, truncate: bool) -> None:
         p.ids = p.ids[-limit:]
 
 
+def check_sampling(sampling: Sampling, check_lossless: bool) -> None:
+    if check_lossless and not sampling.greedy:
+        raise ValueError(
+            "--check-lossless compares with greedy generate, so it needs --temperature 0; "
+            "sampling is lossless in distribution (docs/eval.md)"
+        )
+
+
 def evaluate(
     model,
     tok,
@@ -134,27 +146,39 @@ def evaluate(
     speedup_prompts: int = 0,
     out_path: str | None = None,
     progress: bool = True,
+    sampling: Sampling | None = None,
 ) -> dict[str, Any]:
     """Decode every prompt speculatively; returns the summary (and writes per-prompt JSONL)."""
     if not 1 <= block_size <= drafter.block_size:
         raise ValueError(
             f"--block-size {block_size} must be in 1..{drafter.block_size} (the trained size)"
         )
+    sampling = sampling or Sampling()
+    check_sampling(sampling, check_lossless)
     layer_ids = drafter.target_layer_ids
     target = CachedTarget(model, layer_ids)
     cached = CachedDrafter(drafter, model.get_input_embeddings(), model.get_output_embeddings())
     eos = eos_ids_of(tok, model)
     hist = [0] * block_size
     n_tokens, seconds, mismatches, rows = 0, 0.0, [], []
+    gen = None if sampling.greedy else sampling.generator(model.device)
     for p in tqdm(prompts, desc=f"eval bs{block_size}", disable=not progress, dynamic_ncols=True):
         r = speculative_generate(
-            target, cached, p.ids, block_size=block_size, max_new_tokens=max_new_tokens, eos_ids=eos
+            target,
+            cached,
+            p.ids,
+            block_size=block_size,
+            max_new_tokens=max_new_tokens,
+            eos_ids=eos,
+            sampling=sampling,
+            generator=gen,
         )
         for a in r.accept_lengths:
             hist[a] += 1
         n_tokens, seconds = n_tokens + len(r.output_ids), seconds + r.seconds
         row: dict[str, Any] = {"id": p.id, "prompt_tokens": len(p.ids), "truncated": p.truncated}
         row |= {"output_ids": r.output_ids, "accept_lengths": r.accept_lengths}
+        row |= sampling.as_dict()
         if check_lossless:
             ref = greedy_reference(model, p.ids, max_new_tokens, eos)
             row["first_mismatch"] = first_mismatch(r.output_ids, ref)
@@ -170,10 +194,13 @@ def evaluate(
         "output_tokens": n_tokens,
         "ms_per_token": 1000 * seconds / max(n_tokens, 1),
         "truncated_prompts": sum(p.truncated > 0 for p in prompts),
+        **sampling.as_dict(),
     }
     if speedup_prompts:
         base = prompts[:speedup_prompts]
-        summary |= speedup(target, cached, base, block_size, max_new_tokens, eos, progress)
+        summary |= speedup(
+            target, cached, base, block_size, max_new_tokens, eos, progress, sampling
+        )
     if check_lossless:
         summary["lossless"] = not mismatches
         summary["mismatches"] = mismatches
@@ -184,14 +211,25 @@ def evaluate(
     return summary
 
 
-def speedup(target, cached, prompts, block_size, max_new_tokens, eos, progress) -> dict[str, Any]:
-    """Time per output token at bs 1 / at bs, same loop, same prompts, timed back to back."""
-    per = {}
+def speedup(
+    target, cached, prompts, block_size, max_new_tokens, eos, progress, sampling=None
+) -> dict[str, Any]:
+    """Time per output token at bs 1 / at bs, same loop, same prompts, timed back to back
+    (with the same sampling settings, each run from a fresh stream of the same seed)."""
+    sampling, per = sampling or Sampling(), {}
     for bs in (1, block_size):
         t0, n = time.perf_counter(), 0
+        gen = None if sampling.greedy else sampling.generator(target.model.device)
         for p in tqdm(prompts, desc=f"timing bs{bs}", disable=not progress, dynamic_ncols=True):
             r = speculative_generate(
-                target, cached, p.ids, block_size=bs, max_new_tokens=max_new_tokens, eos_ids=eos
+                target,
+                cached,
+                p.ids,
+                block_size=bs,
+                max_new_tokens=max_new_tokens,
+                eos_ids=eos,
+                sampling=sampling,
+                generator=gen,
             )
             n += len(r.output_ids)
         per[bs] = (time.perf_counter() - t0) / max(n, 1)

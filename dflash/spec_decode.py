@@ -1,6 +1,6 @@
-"""Greedy speculative decoding with a DFlash drafter (shared/DFLASH.md, "Evaluation").
+"""Speculative decoding with a DFlash drafter: greedy, or sampling (docs/eval.md).
 
-Per step: block = [last committed token (the anchor), MASK x (bs-1)]; the drafter
+Per greedy step: block = [last committed token (the anchor), MASK x (bs-1)]; the drafter
 proposes slots 1..bs-1; the target scores the whole block in one pass; we accept the
 longest prefix where draft[i] == target_argmax[i-1] and append the target's own next
 token (the bonus). Both sides keep caches of committed positions only:
@@ -11,7 +11,9 @@ token (the bonus). Both sides keep caches of committed positions only:
   hidden states there, which exist only once the target has run that token, so the
   anchor (the bonus just appended) is never in the context: the strict rule.
 
-The block itself is recomputed every step (its tokens change).
+The block itself is recomputed every step (its tokens change). At temperature > 0 the
+drafts are drawn from the drafter's warped distributions and accepted by rejection
+sampling (dflash.sampling.rejection_step); caches, crop and commit are the same.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from torch import Tensor
 
 from dflash.model import DFlashDraftModel, _rope, attend
+from dflash.sampling import Sampling, draw, rejection_step
 from dflash.visibility import dense_mask
 
 
@@ -59,10 +62,16 @@ class CachedTarget:
     @torch.no_grad()
     def __call__(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """ids [1, n] at positions length..length+n-1 -> (argmax [n], feats [1, n, k*H])."""
+        logits, feats = self.forward(ids)
+        return logits.argmax(-1), feats
+
+    @torch.no_grad()
+    def forward(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """ids [1, n] -> (logits [n, V], feats [1, n, k*H])."""
         out = self.model(input_ids=ids, cache=self.cache, use_cache=True, output_hidden_states=True)
         # hidden_states[0] is the embedding output, so layer i's output is index i + 1.
         feats = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        return out.logits[0].argmax(-1), feats
+        return out.logits[0], feats
 
     def crop(self, n: int) -> None:
         """Keep the first n positions (transformers 5 crops by a negative count to remove)."""
@@ -123,6 +132,28 @@ class CachedDrafter:
     @torch.no_grad()
     def propose(self, anchor: int, anchor_pos: int, block_size: int) -> Tensor:
         """Block tokens [bs]: the anchor, then the drafter's argmax for slots 1..bs-1."""
+        logits = self.logits(anchor, anchor_pos, block_size)
+        ids = logits.argmax(-1)
+        ids[0] = anchor
+        return ids
+
+    @torch.no_grad()
+    def sample(
+        self, anchor: int, anchor_pos: int, block_size: int, s: Sampling, gen: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        """(block tokens [bs], q [bs-1, V]): slots 1.. drawn from the warped drafter logits.
+
+        One forward pass gives every slot's distribution at once (slots see the anchor and
+        mask tokens, not each other's drafts), so the drafts are drawn independently."""
+        q = s.probs(self.logits(anchor, anchor_pos, block_size)[1:])
+        block = torch.empty(block_size, dtype=torch.long, device=q.device)
+        block[0] = anchor
+        block[1:] = draw(q, gen)
+        return block, q
+
+    @torch.no_grad()
+    def logits(self, anchor: int, anchor_pos: int, block_size: int) -> Tensor:
+        """Drafter logits [bs, V] for the block [anchor, MASK x (bs-1)] (row 0: the anchor's)."""
         dev = self.d.fc.weight.device
         ids = torch.full((1, block_size), self.d.mask_token_id, dtype=torch.long, device=dev)
         ids[0, 0] = anchor
@@ -142,9 +173,7 @@ class CachedDrafter:
             out = attend(q, k, v, mask, a.scale).transpose(1, 2).reshape(1, block_size, -1)
             x = x + a.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        logits = self.lm_head(self.d.norm(x))[0]
-        ids[0, 1:] = logits[1:].argmax(-1)
-        return ids[0]
+        return self.lm_head(self.d.norm(x))[0]
 
 
 @dataclass
@@ -172,28 +201,51 @@ def speculative_generate(
     block_size: int,
     max_new_tokens: int,
     eos_ids: set[int],
+    sampling: Sampling | None = None,
+    generator: torch.Generator | None = None,
 ) -> DecodeResult:
-    """Greedy decode of one prompt; block_size 1 is plain decoding through the same loop."""
+    """Decode one prompt; block_size 1 is plain decoding through the same loop.
+
+    Greedy unless `sampling` has temperature > 0; then every random draw comes from
+    `generator` (default: a fresh one seeded with sampling.seed)."""
     if block_size > 1 and drafter is None:
         raise ValueError("block_size > 1 needs a drafter")
     dev = target.model.device
+    sample = sampling is not None and not sampling.greedy
+    if sample and generator is None:
+        generator = sampling.generator(dev)
     t0 = time.perf_counter()
     target.reset()
     if drafter is not None:
         drafter.reset()
-    nxt, feats = target(torch.tensor([prompt_ids], device=dev))
-    out, steps = [int(nxt[-1])], []
+    if sample:
+        logits, feats = target.forward(torch.tensor([prompt_ids], device=dev))
+        out = [int(draw(sampling.probs(logits[-1:]), generator)[0])]
+    else:
+        nxt, feats = target(torch.tensor([prompt_ids], device=dev))
+        out = [int(nxt[-1])]
+    steps = []
     if block_size > 1:
         drafter.extend(feats, torch.arange(len(prompt_ids), device=dev).unsqueeze(0))
     while not _finish(out, max_new_tokens, eos_ids)[1]:
         pos = len(prompt_ids) + len(out) - 1  # position of the anchor (last committed)
-        if block_size > 1:
-            block = drafter.propose(out[-1], pos, block_size)
+        if sample:
+            if block_size > 1:
+                block, q = drafter.sample(out[-1], pos, block_size, sampling, generator)
+            else:
+                block, q = torch.tensor([out[-1]], device=dev), None
+            logits, feats = target.forward(block.unsqueeze(0))
+            # Looked up at call time: the distribution test swaps in a wrong rule here.
+            n_acc, nxt_tok = rejection_step(block[1:], q, sampling.probs(logits), generator)
         else:
-            block = torch.tensor([out[-1]], device=dev)
-        nxt, feats = target(block.unsqueeze(0))
-        n_acc = accept_length(block, nxt)
-        out += block[1 : 1 + n_acc].tolist() + [int(nxt[n_acc])]
+            if block_size > 1:
+                block = drafter.propose(out[-1], pos, block_size)
+            else:
+                block = torch.tensor([out[-1]], device=dev)
+            nxt, feats = target(block.unsqueeze(0))
+            n_acc = accept_length(block, nxt)
+            nxt_tok = int(nxt[n_acc])
+        out += block[1 : 1 + n_acc].tolist() + [nxt_tok]
         steps.append(n_acc)
         target.crop(pos + n_acc + 1)  # keep the anchor and the accepted drafts
         if block_size > 1:
