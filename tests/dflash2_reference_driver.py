@@ -4,14 +4,15 @@ Runs INSIDE that package's own environment (torch 2.13.0, transformers 5.15.0), 
 by tests/test_dflash2_reference.py as `python -I -c SOURCE REQUEST.json`; never imported
 by the project (its import package is also called `dflash`).
 
-REQUEST.json: {"drafter": dir, "inputs": file.safetensors, "outputs": file.safetensors,
-"cases": n, "target": dir | null, "prompts": [[ids...]...], "max_new_tokens": n}.
-inputs holds, per case j: "j.target_hidden" [1, S, k*H], "j.noise_embedding" [1, L, H],
+REQUEST.json: {"drafters": [{"path": dir, "inputs": file.safetensors, "outputs":
+file.safetensors, "cases": n, "decode": bool}, ...], "target": dir, "prompts": [[ids...]...],
+"max_new_tokens": n}. Each drafter's inputs hold, per case j: "j.target_hidden" [1, S, k*H], "j.noise_embedding" [1, L, H],
 "j.position_ids" [1, S+L], "j.anchor" [1]; and "lm_head" [V, H].
 outputs gets, per case: "j.hidden" (their forward), "j.logits" (their compute_logits),
 "j.tokens" and "j.candidates" (their greedy CandidateSelector walk over slots 1..L-1).
-Prints one JSON line: what their loader read, and per prompt of the greedy decode the
-new tokens, `acceptance_lengths`, and each step's drafted tokens with its block length.
+Prints one JSON line: per drafter, what their loader read and, for those that decode, per
+prompt of the greedy decode the new tokens, `acceptance_lengths`, and each step's drafted
+tokens with its block length.
 """
 
 import json
@@ -39,13 +40,13 @@ def load_drafter(path):
     return draft.eval(), info
 
 
-def forward_cases(draft, req) -> None:
-    inputs = load_file(req["inputs"])
+def forward_cases(draft, spec) -> None:
+    inputs = load_file(spec["inputs"])
     head = torch.nn.Linear(inputs["lm_head"].shape[1], inputs["lm_head"].shape[0], bias=False)
     head.weight.data.copy_(inputs["lm_head"])
     out = {}
     with torch.inference_mode():
-        for j in range(req["cases"]):
+        for j in range(spec["cases"]):
             hidden = draft(
                 target_hidden=inputs[f"{j}.target_hidden"],
                 noise_embedding=inputs[f"{j}.noise_embedding"],
@@ -56,13 +57,16 @@ def forward_cases(draft, req) -> None:
             tokens, candidates, _ = draft.propose(hidden[:, 1:], inputs[f"{j}.anchor"], head, 0.0)
             out[f"{j}.tokens"] = tokens
             out[f"{j}.candidates"] = candidates
-    save_file({k: v.clone().contiguous() for k, v in out.items()}, req["outputs"])
+    save_file({k: v.clone().contiguous() for k, v in out.items()}, spec["outputs"])
 
 
-def decode(draft, req) -> list[dict]:
-    target = AutoModelForCausalLM.from_pretrained(
-        req["target"], attn_implementation="sdpa", dtype=torch.float32, local_files_only=True
+def load_target(path):
+    return AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation="sdpa", dtype=torch.float32, local_files_only=True
     ).eval()
+
+
+def decode(draft, target, req) -> list[dict]:
     drafts = []
     propose = draft.propose
 
@@ -95,17 +99,10 @@ def decode(draft, req) -> list[dict]:
     return results
 
 
-def main() -> None:
-    with open(sys.argv[1]) as f:
-        req = json.load(f)
-    # return_stats=True times with torch.cuda.synchronize(), which raises without a GPU;
-    # only the clock is replaced (as in tests/reference_decoder_driver.py).
-    zlab_model._cuda_time = time.perf_counter
-    torch.manual_seed(0)
-    draft, info = load_drafter(req["drafter"])
-    forward_cases(draft, req)
+def reading(draft, info) -> dict:
     layer = draft.layers[0]
-    reading = {
+    attn = [lay.self_attn for lay in draft.layers]
+    return {
         "drafter_class": type(draft).__name__,
         "loading": {k: sorted(map(str, v)) for k, v in info.items() if k != "error_msgs"},
         "block_size": draft.block_size,
@@ -115,17 +112,34 @@ def main() -> None:
         "conv_group_size": layer.attention_conv.group_size,
         "selector_top_k": draft.candidate_selector.top_k,
         "selector_rank": draft.candidate_selector.hidden_projection.out_features,
-        "is_causal": [lay.self_attn.is_causal for lay in draft.layers],
+        "is_causal": [a.is_causal for a in attn],
+        "sliding_window": [a.sliding_window for a in attn],
     }
-    results = decode(draft, req) if req.get("target") else []
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        req = json.load(f)
+    # return_stats=True times with torch.cuda.synchronize(), which raises without a GPU;
+    # only the clock is replaced (as in tests/reference_decoder_driver.py).
+    zlab_model._cuda_time = time.perf_counter
+    target = load_target(req["target"])
+    rows = []
+    for spec in req["drafters"]:
+        torch.manual_seed(0)
+        draft, info = load_drafter(spec["path"])
+        forward_cases(draft, spec)
+        row = {"reading": reading(draft, info)}
+        if spec["decode"]:
+            row["results"] = decode(draft, target, req)
+        rows.append(row)
     versions = {d: metadata.version(d) for d in ("dflash", "torch", "transformers")}
     print(
         json.dumps(
             {
                 "dflash_file": dflash.__file__,
                 "versions": versions,
-                "reading": reading,
-                "results": results,
+                "drafters": rows,
             }
         )
     )

@@ -280,3 +280,22 @@ def test_cached_drafting_is_the_forward(tiny_qwen3_config):
     assert (q.gather(-1, block[1:, None]) > 0).all()
     with pytest.raises(TypeError, match="selector walk"):
         cached.logits(7, s, BS)
+
+
+def test_dense_and_flex_paths_agree(tiny_qwen3_config):
+    """The trainer's two attention paths (dense bool mask, flex BlockMask) drive DFlash2
+    alike, across documents and with an invalid (padding) block."""
+    from dflash.visibility import flex_block_mask
+
+    torch.manual_seed(0)
+    d2 = randomize(DFlash2DraftModel(config(tiny_qwen3_config))).eval()
+    doc = torch.tensor([[0] * 10 + [1] * 14])
+    pos = torch.tensor([list(range(10)) + list(range(14))])
+    anchors, valid = torch.tensor([[2, 12, 16]]), torch.tensor([[True, True, False]])
+    ctx = d2.project_context(torch.randn(1, 24, 128))
+    blocks = torch.randn(1, 12, 64)
+    bpos = (pos.gather(1, anchors).unsqueeze(-1) + torch.arange(BS)).view(1, -1)
+    with torch.no_grad():
+        a = d2(blocks, ctx, pos, bpos, dense_mask(anchors, valid, doc, BS))
+        b = d2(blocks, ctx, pos, bpos, flex_block_mask(anchors, valid, doc, BS))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

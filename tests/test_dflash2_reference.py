@@ -2,16 +2,18 @@
 DFlash2 drafter as we build it: the same forward outputs, the same greedy selector walk,
 and the same greedy speculative decode, step by step, draft by draft.
 
-A tiny DFlash2 drafter is built from config with random weights (fixed seed; every
+Tiny DFlash2 drafters are built from config with random weights (fixed seed; every
 tensor random, so the convolutions and the selector are far from their identity init),
 exported with save_pretrained, and loaded by their decoder in its own environment
-(tests/isolated_env.py, the pins of tests/test_reference_decoder.py).
+(tests/isolated_env.py, the pins of tests/test_reference_decoder.py): one with full
+attention layers, and one with a sliding-window layer (as the published drafters have).
 
 Forward: our packed training layout (three blocks in one call, dflash.visibility's
-mask) against their decode-time forward of each block alone, with the context that
+masks) against their decode-time forward of each block alone, with the context that
 block may see; and one short block (their last block near max_new_tokens).
-Decode: a random tiny target, ours = dflash.spec_decode.speculative_generate with
-dflash.decode_dflash2.CachedDFlash2Drafter, theirs = dflash_generate.
+Decode (the full-attention drafter; eval refuses sliding ones): a random tiny target,
+ours = dflash.spec_decode.speculative_generate with dflash.decode_dflash2.
+CachedDFlash2Drafter, theirs = dflash_generate.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ CTX = 12
 SHORT = 3  # a block cut to 3 slots
 MAX_NEW_TOKENS = 24
 HOT = [11, 23, 57, 74]
+WINDOW = 5  # smaller than the context: the sliding layer's window bites
+# Decoded: full attention (what `dflash eval` serves). Forward only: a sliding layer
+# (the published drafters slide; eval refuses sliding drafters).
+VARIANTS = {
+    "drafter": ["full_attention", "full_attention"],
+    "sliding": ["full_attention", "sliding_attention"],
+}
 RTOL = 1e-5  # of the largest magnitude: float32, the same ops in another order and torch
 
 
@@ -56,33 +65,49 @@ def build(tmp: Path):
     settings = DFlash2Settings(
         conv_kernel_size=3, conv_group_size=16, selector_rank=8, selector_top_k=6
     )
-    cfg = make_dflash2_config(
-        tcfg,
-        settings=settings,
-        num_layers=2,
-        block_size=BLOCK,
-        mask_token_id=127,
-        target_layer_ids=[1, 5],
-    )
-    drafter = DFlash2DraftModel(cfg).eval()
-    with torch.no_grad():
-        for name, p in drafter.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif name.endswith("base_kernel"):
-                p.normal_(0.0, 0.7)
-            elif "codebook" in name:
-                p.normal_(0.0, 1.0)
-            else:
-                p.normal_(0.0, 0.15)
-    drafter.save_pretrained(tmp / "drafter")
-    return target, drafter
+    drafters = {}
+    for name, layers in VARIANTS.items():
+        sliding = "sliding_attention" in layers
+        cfg = make_dflash2_config(
+            tcfg,
+            settings=settings,
+            num_layers=len(layers),
+            block_size=BLOCK,
+            mask_token_id=127,
+            target_layer_ids=[1, 5],
+            layer_types=layers,
+            sliding_window=WINDOW if sliding else None,
+        )
+        drafter = DFlash2DraftModel(cfg).eval()
+        with torch.no_grad():
+            for pname, p in drafter.named_parameters():
+                if pname.endswith("norm.weight"):
+                    p.copy_(1 + 0.2 * torch.randn_like(p))
+                elif pname.endswith("base_kernel"):
+                    p.normal_(0.0, 0.7)
+                elif "codebook" in pname:
+                    p.normal_(0.0, 1.0)
+                else:
+                    p.normal_(0.0, 0.15)
+        drafter.save_pretrained(tmp / name)
+        drafters[name] = drafter
+    return target, drafters
+
+
+def masks(drafter, anchors: torch.Tensor, block_size: int):
+    """The training masks (dflash.visibility) of one row, per layer type when one slides."""
+    from dflash.visibility import dense_mask
+
+    args = (anchors, torch.ones_like(anchors, dtype=torch.bool), torch.zeros(1, CTX).long())
+    full = dense_mask(*args, block_size)
+    if "sliding_attention" not in drafter.config.layer_types:
+        return full
+    window = drafter.config.sliding_window
+    return {"full_attention": full, "sliding_attention": dense_mask(*args, block_size, window)}
 
 
 def forward_cases(target, drafter):
     """Our forward on the packed layout, and the per-block inputs for theirs."""
-    from dflash.visibility import dense_mask
-
     g = torch.Generator().manual_seed(1)
     feats = torch.randn(1, CTX, 2 * 64, generator=g)
     tokens = torch.randint(0, 127, (1, CTX), generator=g)
@@ -98,15 +123,15 @@ def forward_cases(target, drafter):
     with torch.no_grad():
         ids = torch.cat([block(a, BLOCK) for a in ANCHORS], dim=1)
         pos = (anchors.unsqueeze(-1) + torch.arange(BLOCK)).view(1, -1)
-        valid = torch.ones_like(anchors, dtype=torch.bool)
-        mask = dense_mask(anchors, valid, torch.zeros(1, CTX, dtype=torch.long), BLOCK)
         ctx = drafter.project_context(feats)
-        packed = drafter(embed(ids), ctx, torch.arange(CTX)[None], pos, mask)
+        packed = drafter(
+            embed(ids), ctx, torch.arange(CTX)[None], pos, masks(drafter, anchors, BLOCK)
+        )
         blocks = [packed[:, j * BLOCK : (j + 1) * BLOCK] for j in range(len(ANCHORS))]
         # The short block: one block of SHORT slots at the last anchor, on its own.
         a = ANCHORS[-1]
         short_ids = block(a, SHORT)
-        short_mask = dense_mask(anchors[:, -1:], valid[:, -1:], torch.zeros(1, CTX).long(), SHORT)
+        short_mask = masks(drafter, anchors[:, -1:], SHORT)
         short_pos = a + torch.arange(SHORT)[None]
         blocks.append(
             drafter(embed(short_ids), ctx, torch.arange(CTX)[None], short_pos, short_mask)
@@ -163,16 +188,18 @@ def our_decode(target_dir: Path, drafter, prompts):
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     root = tmp_path_factory.mktemp("dflash2_reference")
-    target, drafter = build(root)
-    cases, ours = forward_cases(target, drafter)
-    save_file({k: v.clone().contiguous() for k, v in cases.items()}, root / "inputs.safetensors")
+    target, drafters = build(root)
+    specs, ours = [], {}
+    for name, drafter in drafters.items():
+        cases, ours[name] = forward_cases(target, drafter)
+        save_file({k: v.clone().contiguous() for k, v in cases.items()}, root / f"{name}.in")
+        spec = {"path": str(root / name), "inputs": str(root / f"{name}.in")}
+        spec.update(outputs=str(root / f"{name}.out"), cases=len(ours[name]))
+        specs.append({**spec, "decode": name == "drafter"})
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 127, (n,), generator=g).tolist() for n in (5, 7, 9)]
     request = {
-        "drafter": str(root / "drafter"),
-        "inputs": str(root / "inputs.safetensors"),
-        "outputs": str(root / "outputs.safetensors"),
-        "cases": len(ours),
+        "drafters": specs,
         "target": str(root / "target"),
         "prompts": prompts,
         "max_new_tokens": MAX_NEW_TOKENS,
@@ -182,21 +209,20 @@ def compared(tmp_path_factory):
     ref = run_json(python, DRIVER.read_text(), str(root / "request.json"))
     assert ref["versions"] == {"dflash": "0.1.0", "torch": "2.13.0", "transformers": "5.15.0"}
     assert "site-packages" in ref["dflash_file"]  # their package, from their environment
-    theirs = load_file(root / "outputs.safetensors")
     return {
         "root": root,
-        "ref": ref,
+        "ref": dict(zip(drafters, ref["drafters"], strict=True)),
         "ours": ours,
-        "theirs": theirs,
-        "decoded": our_decode(root / "target", drafter, prompts),
-        "drafter": drafter,
+        "theirs": {name: load_file(root / f"{name}.out") for name in drafters},
+        "decoded": our_decode(root / "target", drafters["drafter"], prompts),
     }
 
 
 @pytest.mark.slow  # their ~3 GB environment on a cold uv cache
-def test_zlab_reads_the_export_completely(compared):
-    reading = compared["ref"]["reading"]
-    conf = json.loads((compared["root"] / "drafter" / "config.json").read_text())
+@pytest.mark.parametrize("name", VARIANTS)
+def test_zlab_reads_the_export_completely(compared, name):
+    reading = compared["ref"][name]["reading"]
+    conf = json.loads((compared["root"] / name / "config.json").read_text())
     assert reading["loading"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
     assert reading["drafter_class"] == conf["architectures"][0] == "DFlash2DraftModel"
     dcfg = conf["dflash_config"]
@@ -205,47 +231,49 @@ def test_zlab_reads_the_export_completely(compared):
     assert reading["block_size"] == BLOCK
     assert reading["mask_token_id"] == dcfg["mask_token_id"]
     assert reading["target_layer_ids"] == dcfg["target_layer_ids"]
-    assert reading["is_causal"] == [False, False]
+    # Attention as trained: bidirectional full layers, causal windowed sliding ones.
+    slides = [t == "sliding_attention" for t in VARIANTS[name]]
+    assert reading["is_causal"] == slides == dcfg["causal_in_block"]
+    assert reading["sliding_window"] == [WINDOW if s else None for s in slides]
 
 
-def max_abs(compared, what: str) -> tuple[float, float]:
+def max_abs(compared, name: str, what: str) -> tuple[float, float]:
     """(max |ours - theirs|, max |ours|) over the cases."""
-    theirs, ours = compared["theirs"], compared["ours"]
+    theirs, ours = compared["theirs"][name], compared["ours"][name]
     diff = max((o[what] - theirs[f"{j}.{what}"]).abs().max().item() for j, o in enumerate(ours))
     return diff, max(o[what].abs().max().item() for o in ours)
 
 
 @pytest.mark.slow
-def test_forward_outputs_match(compared):
+@pytest.mark.parametrize("name", VARIANTS)
+def test_forward_outputs_match(compared, name):
     for what in ("hidden", "logits"):
-        diff, scale = max_abs(compared, what)
-        print(f"{what}: max abs difference {diff:.3g} (largest |value| {scale:.3g})")
+        diff, scale = max_abs(compared, name, what)
+        print(f"{name} {what}: max abs difference {diff:.3g} (largest |value| {scale:.3g})")
         assert diff <= RTOL * scale, what
     # Not a vacuous match: the outputs are far from zero and differ between blocks.
-    ours = compared["ours"]
+    ours = compared["ours"][name]
     assert all(o["logits"].abs().max() > 1.0 for o in ours)
     assert (ours[0]["logits"] - ours[1]["logits"]).abs().max() > 0.1
 
 
 @pytest.mark.slow
-def test_selector_walk_matches(compared):
-    theirs = compared["theirs"]
-    for j, ours in enumerate(compared["ours"]):
-        assert torch.equal(ours["tokens"], theirs[f"{j}.tokens"]), j
+@pytest.mark.parametrize("name", VARIANTS)
+def test_selector_walk_matches(compared, name):
+    theirs, ours = compared["theirs"][name], compared["ours"][name]
+    for j, mine in enumerate(ours):
+        assert torch.equal(mine["tokens"], theirs[f"{j}.tokens"]), j
         # Same candidate sets (their top-k is unsorted, ours best first).
-        assert torch.equal(
-            ours["candidates"].sort(-1).values, theirs[f"{j}.candidates"].sort(-1).values
-        )
+        got = theirs[f"{j}.candidates"].sort(-1).values
+        assert torch.equal(mine["candidates"].sort(-1).values, got), j
     # The selector changed at least one pick from the per-slot argmax: the pair term matters.
-    argmax = [o["logits"][:, 1:].argmax(-1) for o in compared["ours"]]
-    assert any(
-        not torch.equal(a, o["tokens"]) for a, o in zip(argmax, compared["ours"], strict=True)
-    )
+    argmax = [o["logits"][:, 1:].argmax(-1) for o in ours]
+    assert any(not torch.equal(a, o["tokens"]) for a, o in zip(argmax, ours, strict=True))
 
 
 @pytest.mark.slow
 def test_greedy_decode_identical(compared):
-    results = compared["ref"]["results"]
+    results = compared["ref"]["drafter"]["results"]
     compared_drafts = 0
     for ours, theirs in zip(compared["decoded"], results, strict=True):
         assert theirs["output_ids"] == ours["output_ids"]
