@@ -83,6 +83,7 @@ class MemoryPlan:
     grads: int  # fp32 gradients: alive at the end of backward (inside step_peak)
     opt_peak: int  # optimizer step's transient above the resident state (gradients included)
     block_tokens: int  # rows * anchors * block size: the logits' rows
+    notes: tuple[str, ...] = ()
 
     @property
     def resident(self) -> int:
@@ -114,7 +115,7 @@ class MemoryPlan:
                 how = f"chunk {self.loss_chunk}" if chunked else "one chunk"
                 b = self.total(chunked, single)
                 out.append(f"{f'total, {who}, {how}':44}{g(b)}   {fits(b)}")
-        return "\n".join(out)
+        return "\n".join(out + [f"note: {n}" for n in self.notes])
 
 
 def target_config(cfg: TrainConfig):
@@ -306,7 +307,17 @@ def plan(cfg: TrainConfig, tcfg=None) -> MemoryPlan:
         f"layers, {cfg.rows} row(s) x {cfg.seq_len} tokens, {cfg.max_anchors} anchors x "
         f"block {cfg.block_size}, attn {chunked['attn']}, bf16 autocast"
     )
+    notes = [
+        "not counted: the CUDA context, kernel workspaces, allocator rounding and "
+        "fragmentation, torch.compile's own choice of saved tensors; keep a few GiB free",
+        {
+            "flex": "flex: q and k cast to v's dtype (bf16), as --attn flex under autocast needs",
+            "sdpa": "sdpa: counted with the CPU kernel (it keeps output + logsumexp); on CUDA "
+            "a boolean mask may select the math kernel, which keeps the scores",
+        }[chunked["attn"]],
+    ]
     return MemoryPlan(
+        notes=tuple(notes),
         title=title,
         weights=chunked["weights"],
         frozen=chunked["frozen"],
