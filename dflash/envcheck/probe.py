@@ -66,10 +66,10 @@ def sampled_sha256(path: str, size: int) -> str:
 
 class SampleCache:
     """The sampled hashes of the last run, reused for a library whose stat identity
-    (size, mtime and ctime in ns, inode, device) has not changed: hashing 370
-    libraries' samples is a fifth of this probe's time. Writing a file updates its
-    ctime and no call sets ctime back (utime sets atime and mtime only), so a file
-    changed in place or replaced never matches. File times come from a coarse clock
+    (size, mtime and ctime in ns, inode, device) has not changed: hashing the samples
+    of a torch env's 370 to 610 libraries was a fifth of this probe's time. Writing a
+    file updates its ctime and no call sets ctime back (utime sets atime and mtime
+    only), so a file changed in place or replaced never matches. File times come from a coarse clock
     (a few ms): a file changed within RACY_NS of being hashed is not kept, or an
     edit in the same tick could look unchanged (git's "racily clean" rule)."""
 
