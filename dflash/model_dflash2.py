@@ -24,7 +24,7 @@ softmax(score / T) over the k candidates, which is the proposal q a lossless ver
 Sources (read, not copied): z-lab's published decoder (PyPI dflash 0.1.0,
 dflash/model.py: GroupedDynamicCausalConv, CandidateSelector, DFlash2DraftModel), the
 trainers in SpecForge PR #772, NeMo Automodel PR #3605 and speculators PR #1006 (identity
-initialisation of the convolutions, the block-local taps in packed training). docs/dflash2.md.
+initialisation, the block-local taps in packed training). See docs/dflash2.md.
 """
 
 from __future__ import annotations
@@ -89,8 +89,9 @@ class GroupedDynamicConv(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Identity (tap 0 = 1, no dynamic part), as every public trainer initialises it:
-        a fresh DFlash2 backbone computes exactly what DFlash does."""
+        """Identity (tap 0 = 1, no dynamic part), as the speculators (PR #1006) and NeMo
+        Automodel (PR #3605) trainers start it: a fresh DFlash2 backbone computes exactly
+        what DFlash does."""
         with torch.no_grad():
             self.base_kernel.zero_()
             self.base_kernel[:, 0] = 1.0
@@ -98,9 +99,8 @@ class GroupedDynamicConv(nn.Module):
 
     def prepare(self, h: Tensor, block_len: int) -> tuple[Tensor, Tensor]:
         taps = self.kernel_projection(h).view(*h.shape[:-1], 2, self.kernel_size, self.groups)
-        return block_causal_conv(h, taps[..., 0, :, :], self.base_kernel[0], block_len), taps[
-            ..., 1, :, :
-        ]
+        inner, outer = taps[..., 0, :, :], taps[..., 1, :, :]
+        return block_causal_conv(h, inner, self.base_kernel[0], block_len), outer
 
     def finish(self, y: Tensor, taps: Tensor, block_len: int) -> Tensor:
         return block_causal_conv(y, taps, self.base_kernel[1], block_len)
