@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from stat_quality import _busy  # the same "other tenant" as the stored-number study
 
@@ -47,7 +48,9 @@ def candidate_python(change: str, scratch: Path) -> tuple[Path, dict[str, str], 
     from dflash.bench.lockenv import lock_env, save_lock
 
     busy, idle = (float(x) for x in change[4:].split("/"))
-    sha = save_lock(scratch, REPO / "uv.lock")["sha256"]
+    saved = save_lock(scratch, REPO / "uv.lock")
+    assert saved is not None, "uv.lock missing"
+    sha = saved["sha256"]
     py = lock_env(scratch, sha, "cu128", label="contaminated").python
     name = "busy-telemetry"
     wheel = busy_thread_wheel(scratch / "wheels", name, busy, idle)
@@ -144,7 +147,8 @@ def main() -> int:
     stop_load()
     if args.phase == "candidate":
         start_load()
-    same, slow = [], {c: [] for c in changes}
+    same: list[Any] = []
+    slow: dict[str, list[Any]] = {c: [] for c in changes}
     try:
         for i in range(1, args.same + 1):
             same.append(bench(Path(sys.executable), store, {}, f"N{i}", *extra_args))

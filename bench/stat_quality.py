@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from dflash.bench.compare import compare
 from dflash.bench.envdiff import environment_diff
@@ -168,7 +169,7 @@ def counts(n: list[dict], s: dict[str, list[dict]], min_effect: float | None = N
 
     same_chain = [verdict(n[i - 1], n[i]) for i in range(1, len(n))]
     same_fixed = [verdict(n[0], n[i]) for i in range(1, len(n))]
-    out = {
+    out: dict[str, Any] = {
         "same_flagged_chain": flagged(same_chain),
         "same_flagged_fixed": flagged(same_fixed),
         "same_ratio_range_chain": _range(same_chain),

@@ -77,7 +77,8 @@ def load_target(
             torch.manual_seed(TINY_TARGET_SEED)
             model = Qwen3ForCausalLM(config)
     else:
-        model = AutoModelForCausalLM.from_pretrained(
+        assert cfg.target  # TrainConfig requires it for every other preset
+        model = AutoModelForCausalLM.from_pretrained(  # type: ignore[assignment]
             cfg.target, local_files_only=True, dtype=dtype, attn_implementation=impl
         )
     layer_ids = target_layer_ids(model.config.num_hidden_layers, cfg.num_target_features)

@@ -10,7 +10,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 # The tiny target: a random-weight Qwen3 small enough for CPU tests. Vocabulary comes
 # from the locally built tokenizer, rounded up so padded rows exist (mask token rule).
@@ -155,16 +155,18 @@ class TrainConfig:
         for key, value in PRESETS[self.preset].items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
-        for name, hint in typing.get_type_hints(TrainConfig).items():
-            setattr(self, name, _typed(name, getattr(self, name), hint))
+        hints = typing.get_type_hints(TrainConfig)
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _typed(f.name, getattr(self, f.name), hints[f.name]))
         if self.preset != "tiny" and not self.target:
             raise ConfigError(
                 "target",
                 f"missing: preset {self.preset} trains against a local HF directory; set it "
                 'with --target /models/Qwen3-8B, or target = "/models/Qwen3-8B" in the recipe',
             )
-        positive = ("max_steps", "seq_len", "rows", "max_anchors", "draft_layers", "grad_accum")
-        positive += ("lr", "loss_chunk", "log_every", "keep_last", "min_doc_len")
+        positive: tuple[str, ...] = ("max_steps", "seq_len", "rows", "max_anchors")
+        positive += ("draft_layers", "grad_accum", "lr", "loss_chunk", "log_every", "keep_last")
+        positive += ("min_doc_len",)
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
@@ -204,7 +206,14 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     # Fields that may change when resuming a run without making it "another run".
-    RESUMABLE_CHANGES = ("max_steps", "resume", "log_every", "save_every", "keep_last", "wandb")
+    RESUMABLE_CHANGES: ClassVar[tuple[str, ...]] = (
+        "max_steps",
+        "resume",
+        "log_every",
+        "save_every",
+        "keep_last",
+        "wandb",
+    )
     RESUMABLE_CHANGES += ("allow_dirty_env", "out", "compile", "device", "attn", "config")
     # The number of targets never changes what is trained (see dflash/distributed/roles.py);
     # the number of drafters does (global batch = drafters x grad_accum micro-batches).

@@ -56,7 +56,7 @@ def check_doctor(device: str) -> dict[str, Any]:
 
     report = run_doctor(device=device)
     gpus = [f.details for f in report.findings if f.code == "GPU_INFO"]
-    data = {
+    data: dict[str, Any] = {
         "errors": [f"{f.code}: {f.message}" for f in report.findings if f.severity == "error"],
         "warnings": [f.code for f in report.findings if f.severity == "warning"],
         "torch": torch.__version__,

@@ -67,7 +67,7 @@ class MetricsLogger:
             self.wandb = wandb.init(
                 project="dflash",
                 dir=str(run_dir),
-                mode=wandb_mode,
+                mode=wandb_mode,  # type: ignore[arg-type]  # validated: TrainConfig CHOICES
                 config={**config, **self.extra},
                 id=wandb_id,
                 resume="allow" if wandb_id else None,

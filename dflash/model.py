@@ -11,6 +11,8 @@ are the target's (frozen) and are not part of this module or its checkpoint.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -92,17 +94,18 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask, scale: float) -> Tensor:
         return out * any_key.to(out.dtype)
     from torch.nn.attention.flex_attention import flex_attention
 
-    return flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=True)
+    res: Any = flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=True)
+    return res  # return_lse/return_aux are off: the output alone
 
 
 class DFlashAttention(nn.Module):
     def __init__(self, config: Qwen3Config, layer_idx: int):
         super().__init__()
-        self.head_dim = getattr(config, "head_dim", None) or (
+        self.head_dim: int = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
-        self.n_heads = config.num_attention_heads
-        self.n_kv = config.num_key_value_heads
+        self.n_heads: int = config.num_attention_heads
+        self.n_kv: int = config.num_key_value_heads or self.n_heads  # None in HF means MHA
         self.scale = self.head_dim**-0.5
         h, bias = config.hidden_size, config.attention_bias
         self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)

@@ -51,7 +51,7 @@ class LocalGenerator:
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(
             target_dir, local_files_only=True, dtype=dtype, attn_implementation="sdpa"
-        ).to(device)
+        ).to(device)  # type: ignore[arg-type]  # transformers' .to wrapper is typed for models
         self.model.eval()
         self.max_new_tokens = max_new_tokens
         from dflash.target import eos_ids_of
@@ -79,7 +79,7 @@ class LocalGenerator:
             stop = next((i for i, t in enumerate(row) if t in self.eos), None)
             ids = row if stop is None else row[:stop]
             reason = "length" if stop is None else "stop"
-            out.append((self.tok.decode(ids, skip_special_tokens=True), reason))
+            out.append((str(self.tok.decode(ids, skip_special_tokens=True)), reason))
         return out
 
 

@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from dflash.data.sources import DataError
     from dflash.regen import LocalGenerator, ServerGenerator, regenerate
 
+    gen: LocalGenerator | ServerGenerator
     try:
         if args.server_url:
             gen = ServerGenerator(

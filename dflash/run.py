@@ -51,10 +51,11 @@ class Run:
     target: TargetFeatures  # the whole feature pass, or embedding + LM head (drafter role)
     drafter: Any = None  # DFlashDraftModel, fp32 master weights
     step_fn: Any = None  # DraftStep: drafter + the target's frozen embedding and LM head
-    opt: torch.optim.Optimizer | None = None
+    # Unset (None) in the roles that do not train or do not read data (see ROLES).
+    opt: Any = None  # AdamW
     sched: Any = None
     stream: Any = None  # packed batches (single and target roles)
-    gen: torch.Generator | None = None  # anchors; reseeded per micro-batch (step.anchor_seed)
+    gen: Any = None  # torch.Generator for anchors; reseeded per micro-batch (step.anchor_seed)
 
     def state_dict(self, step: int, data: dict[str, Any] | None = None) -> dict[str, Any]:
         """A checkpoint's contents. `data`: the data position when this role has no stream
@@ -106,7 +107,7 @@ def build_run(
         target = make(tokenizer, device, dtype, attn)
     run = Run(cfg, role, device, dtype, attn, tokenizer, target)
     if role in ("single", "drafter"):  # build_drafter seeds torch's RNG with --seed first
-        run.drafter = build_drafter(cfg, target, tokenizer).to(device)  # fp32 master weights
+        run.drafter = build_drafter(cfg, target, tokenizer).to(device)  # type: ignore[arg-type]
         run.step_fn = build_draft_step(cfg, run.drafter, target, device, attn)
     if role in ("single", "target"):
         run.stream = make_stream(cfg, tokenizer)

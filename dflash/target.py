@@ -7,6 +7,8 @@ document-causal, or features would leak across documents.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -65,7 +67,7 @@ class TargetFeatures(nn.Module):
 
     def __init__(self, causal_lm: nn.Module, layer_ids: list[int]):
         super().__init__()
-        base = getattr(causal_lm, causal_lm.base_model_prefix)
+        base: Any = getattr(causal_lm, str(causal_lm.base_model_prefix))
         n_layers = len(base.layers)
         if max(layer_ids) >= n_layers:
             raise TargetMismatch(
@@ -74,12 +76,12 @@ class TargetFeatures(nn.Module):
         types = getattr(causal_lm.config, "layer_types", None) or []
         if any(t != "full_attention" for t in types[: max(layer_ids) + 1]):
             raise TargetMismatch("targets with sliding-window layers are not supported")
-        self.config = causal_lm.config
+        self.config: Any = causal_lm.config
         self.layer_ids = list(layer_ids)
         self.embed_tokens = base.embed_tokens
-        self.rotary_emb = base.rotary_emb
-        self.layers = base.layers[: max(layer_ids) + 1]  # stop after the last needed layer
-        self.lm_head = causal_lm.get_output_embeddings()
+        self.rotary_emb: Any = base.rotary_emb
+        self.layers: Any = base.layers[: max(layer_ids) + 1]  # stop after the last needed layer
+        self.lm_head: Any = causal_lm.get_output_embeddings()  # type: ignore[operator]
         self.requires_grad_(False)
         self.eval()
 

@@ -307,6 +307,7 @@ def cmd_base(args: argparse.Namespace) -> int:
             ["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE
         )
         r = _run(import_cmd, stdin=tar.stdout, capture_output=True)
+        assert tar.stdout is not None  # stdout=PIPE
         tar.stdout.close()
         if tar.wait() != 0 or r.returncode != 0:
             raise BuildError(f"import failed: {r.stderr.strip()}")
@@ -456,6 +457,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             if existing_key_image(eng, tag, key) is None:
                 eng.tag(built, tag)
             have = eng.image_id(tag)
+            if have is None:
+                raise BuildError(f"{tag} vanished right after tagging (removed concurrently?)")
             # Only now: removing the untagged smoke image also removes its untagged
             # parents, the runtime image among them until it has a name.
             if smoke is not None and smoke != built:
@@ -505,7 +508,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
         raise BuildError(f"base {base_ref} not found, so the current key is unknown: use --all")
     else:
         targets = [key_tag(image, args.variant, content_key(ROOT, args.variant, base_id))]
-    ids = {eng.image_id(t) for t in targets} - {None}
+    ids = {i for i in (eng.image_id(t) for t in targets) if i is not None}
     refuse_baseline_images(ids, args.force)
     for ref in (f"{image}:{args.variant}", f"{image}:latest"):
         if eng.image_id(ref) in ids:

@@ -116,7 +116,9 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
         else:
             env = BenchEnv(splice(good, bad, subset, work / f"step{k}"), f"step{k}")
         try:
-            cand, base, pr = [], [], None
+            cand: list[dict[str, Any]] = []
+            base: list[dict[str, Any]] = []
+            pr = None
             # An inconclusive round (slower beyond the minimum effect, not yet
             # significant: one noisy pair in five is enough) gets a second round.
             while pr is None or (

@@ -77,7 +77,7 @@ def measure(cfg: TrainConfig) -> dict[str, float | int | str]:
         "targets": cfg.targets * alone["target_tok_per_s"],
         "drafters": cfg.drafters * alone["drafter_tok_per_s"],
     }
-    slowest = min(stages, key=stages.get)
+    slowest = min(stages, key=lambda k: stages[k])
     measured = pipeline_rate(cfg, cfg.targets + cfg.drafters)
     return {
         "targets": cfg.targets,

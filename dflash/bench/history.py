@@ -77,12 +77,12 @@ def plot(records: list[dict[str, Any]], accepted: set[str], workload: str, path:
         if r["id"] in accepted or (r.get("comparison") or {}).get("verdict") == "regression"
     ]
     for r, verdict in marks:
-        t = dt.datetime.fromtimestamp(r["time_unix"], dt.UTC)
+        when = dt.datetime.fromtimestamp(r["time_unix"], dt.UTC)
         m = r["summary"]["median"]
         if verdict == "regression":
-            ax.plot(t, m, "x", color="red", ms=12, mew=3, zorder=5)
+            ax.plot(when, m, "x", color="red", ms=12, mew=3, zorder=5)
         if r["id"] in accepted:
-            ax.plot(t, m, "o", mfc="none", mec="black", ms=13, mew=1.5, zorder=5)
+            ax.plot(when, m, "o", mfc="none", mec="black", ms=13, mew=1.5, zorder=5)
     ax.plot([], [], "x", color="red", ms=10, mew=3, label="regression")
     ax.plot([], [], "o", mfc="none", mec="black", ms=10, label="accepted baseline")
     unit = records[-1]["summary"]["unit"] if records else "tok/s"

@@ -106,7 +106,7 @@ def lock_env(
             env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)}
             env.pop("VIRTUAL_ENV", None)
             sync = [uv, "sync", "--frozen", "--no-install-project", "--project", str(src)]
-            sync += ["--python", sys._base_executable, "-q"]
+            sync += ["--python", getattr(sys, "_base_executable", sys.executable), "-q"]
             if extra:
                 sync += ["--extra", extra]
             _run(sync, env, "uv sync of the baseline lock")

@@ -34,8 +34,8 @@ def git_revision(start: Path | None = None) -> dict[str, Any]:
         ).stdout  # fmt: skip
         return {"revision": rev, "dirty": bool(status.strip()), "source": "git"}
     except (OSError, subprocess.SubprocessError):
-        rev = os.environ.get("DFLASH_GIT_REVISION")
-        return {"revision": rev, "dirty": None, "source": "env" if rev else None}
+        env_rev = os.environ.get("DFLASH_GIT_REVISION")
+        return {"revision": env_rev, "dirty": None, "source": "env" if env_rev else None}
 
 
 def environment_block(manifest: dict[str, Any], doctor: dict[str, Any]) -> dict[str, Any]:

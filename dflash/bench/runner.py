@@ -21,11 +21,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dflash.bench.envs import BenchEnv
 from dflash.bench.stats import median
 from dflash.bench.workloads import Workload
+
+if TYPE_CHECKING:
+    from dflash.bench.image_env import ImageEnv
 
 REPEAT_TIMEOUT_S = 1800.0
 # Stop a paired run early when the verdict cannot change: after DECISIVE_PAIRS pairs
@@ -41,7 +44,12 @@ class RepeatFailed(RuntimeError):
 
 
 def run_one(
-    w: Workload, env: BenchEnv, spec: Path, tmp: Path, index: int, log: Callable[[str], object]
+    w: Workload,
+    env: BenchEnv | ImageEnv,
+    spec: Path,
+    tmp: Path,
+    index: int,
+    log: Callable[[str], object],
 ) -> dict[str, Any]:
     """One repeat of `w` in a fresh process of `env`; its result with timings."""
     out = tmp / f"{env.label}-repeat{index}.json"
@@ -88,8 +96,8 @@ def run_repeats(
 
 def run_pairs(
     w: Workload,
-    candidate: BenchEnv,
-    baseline: BenchEnv,
+    candidate: BenchEnv | ImageEnv,
+    baseline: BenchEnv | ImageEnv,
     log: Callable[[str], object] = print,
     pairs: int | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -100,7 +100,7 @@ def run_steps(
     from dflash.step import train_step
 
     dev = run.device
-    out = []
+    out: list[dict[str, Any]] = []
     started = time.perf_counter()
     for i in range(first_index, first_index + n):
         if budget_s and len(out) >= MIN_STEADY_STEPS and time.perf_counter() - started > budget_s:
@@ -118,7 +118,7 @@ def run_steps(
             raise RuntimeError(f"benchmark step {i}: loss is not finite")
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         tokens = int(res.tokens)
-        row = {"step_s": dt, "cpu_s": cpu, "tokens": tokens, "tok_per_s": tokens / dt, "loss": loss,
+        row: dict[str, Any] = {"step_s": dt, "cpu_s": cpu, "tokens": tokens, "tok_per_s": tokens / dt, "loss": loss,
                "tok_per_cpu_s": tokens / max(cpu, 1e-9), "stages": stages}  # fmt: skip
         if reference is not None:
             # Right after the step, so both see the same state of the shared host.

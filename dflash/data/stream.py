@@ -22,6 +22,8 @@ from dflash.data.sources import DataError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from dflash.data.sources import RecordSet
+
 __all__ = ["RandomStream", "SampleStream"]
 
 _SAMPLE_COUNTERS = ("samples", "dropped_short", "truncated", "batches")
@@ -39,7 +41,7 @@ class SampleStream:
 
     def __init__(
         self,
-        records: Sequence[list[dict[str, str]]],
+        records: Sequence[list[dict[str, str]]] | RecordSet,
         tokenizer: PreTrainedTokenizerBase,
         *,
         seq_len: int,

@@ -54,7 +54,7 @@ def normalised_lines(source: str) -> list[str]:
             and isinstance(body[0].value, ast.Constant)
             and isinstance(body[0].value.value, str)
         ):
-            node.body = body[1:] or [ast.Pass()]
+            node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
     lines = ast.unparse(tree).splitlines()
     return [ln for ln in lines if ln.strip() and len(ln) <= 100]
 

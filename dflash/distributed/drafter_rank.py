@@ -149,7 +149,7 @@ def run_drafter(
             pipe = summarize(layout, prev_tel, tel)
             prev_tel = tel
             rec.pop("_tokens")
-            if lead:
+            if logger is not None:  # the lead drafter
                 last_rec = {
                     **rec,
                     "lr": lr,
@@ -175,7 +175,7 @@ def run_drafter(
             pass
     for w, peer, _ in ctrl_works:
         wait(w, cfg.dist_timeout, f"control to {layout.name(peer)}", ctrl_group)
-    if lead:
+    if logger is not None:  # the lead drafter
         if not stop:
             if saved_at != step:
                 save(step)

@@ -139,6 +139,7 @@ class Receiver:
     ) -> None:
         self.layout, self.d, self.schedule, self.depth = layout, d, schedule, depth
         self.timeout, self.clock = timeout, clock
+        self.current: tuple[Tensor, Tensor] | None = None
         # depth posted + 1 being trained on: a buffer is reused only after its batch's
         # backward has been enqueued (NCCL orders the recv after the current stream).
         self.free = [

@@ -83,8 +83,9 @@ def run(cfg: TrainConfig, *, env_record=None, recipe=None) -> dict[str, Any]:
         device = _device(cfg)
         backend = "nccl" if device.type == "cuda" else "gloo"
         timeout = timedelta(seconds=cfg.dist_timeout)
-        kw = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend, timeout=timeout, **kw)
+        dist.init_process_group(
+            backend, timeout=timeout, device_id=device if device.type == "cuda" else None
+        )
         drafter_ranks = [layout.drafter_rank(d) for d in range(drafters)]
         group = dist.new_group(drafter_ranks, timeout=timeout)  # every rank must call this
         ctrl_group = dist.new_group(list(range(world)), timeout=timeout, backend="gloo")
