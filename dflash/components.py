@@ -124,7 +124,7 @@ def make_stream(cfg: TrainConfig, tokenizer, rank: int = 0, world_size: int = 1)
         seq_len=cfg.seq_len,
         rows=cfg.rows,
         seed=cfg.seed,
-        min_loss_tokens=2 * cfg.block_size,  # DFLASH.md: drop samples with < 2*bs
+        min_loss_tokens=2 * cfg.block_size,  # docs/algorithm.md#data: drop samples with < 2*bs
         rank=rank,
         world_size=world_size,
     )

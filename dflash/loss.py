@@ -22,7 +22,8 @@ from torch.utils.checkpoint import checkpoint
 
 from dflash.anchors import block_token_index
 
-# Paper values (shared/DFLASH.md); other block sizes must pass gamma explicitly.
+# Defaults (docs/algorithm.md#loss): gamma 7 at block size 16 as in SpecForge's Qwen3-8B
+# example; 5 and 4 at block sizes 10 and 8 are our choice. Others pass gamma explicitly.
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 

@@ -1,6 +1,6 @@
 """Regenerate responses with the target itself (greedy), as drafter training data.
 
-The drafter must learn the target's own distribution (shared/DFLASH.md, "Training"),
+The drafter must learn the target's own distribution (docs/algorithm.md#data),
 so every prompt's response is replaced by the target's temperature-0 output. Two
 backends produce the same rows:
 

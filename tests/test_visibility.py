@@ -12,7 +12,7 @@ from dflash.visibility import dense_mask, document_causal_dense, flex_block_mask
 
 
 def reference_visible(anchors, valid, doc_ids, bs, window=None):
-    """Loop-by-loop statement of shared/DFLASH.md's rule, independent of `visible`."""
+    """Loop-by-loop statement of the rule of docs/algorithm.md#visibility, independent of `visible`."""
     bsz, n = anchors.shape
     s = doc_ids.shape[1]
     out = torch.zeros(bsz, n * bs, s + n * bs, dtype=torch.bool)

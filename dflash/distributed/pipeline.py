@@ -3,7 +3,7 @@
 Started by torchrun (one process per device; RANK/WORLD_SIZE/LOCAL_RANK in the
 environment). Every rank runs its role's loop in its main thread: the only other
 threads are the communication library's own, so compiled code is only ever traced and
-run from the main thread (DFLASH.md pitfall 5).
+run from the main thread (docs/algorithm.md#known-pitfalls: compile is not thread-safe).
 
 Faults: every wait is bounded by --dist-timeout (process group and p2p polling), a rank
 that fails prints one line naming itself, its role and the peer it was waiting on, and

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 def default_split(world: int) -> tuple[int, int]:
     """(targets, drafters) for `world` devices when the flags leave it open: 3/8 drafters,
-    as the 5 + 3 split of the 8-GPU seed deployment."""
+    i.e. 5 targets + 3 drafters on 8 GPUs."""
     if world < 2:
         raise ValueError(f"a pipeline needs >= 2 ranks, got {world}")
     drafters = max(1, round(world * 3 / 8))
