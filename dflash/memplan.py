@@ -17,6 +17,7 @@ torch.profiler's record of real CPU allocations at tiny shapes.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import weakref
 from contextlib import contextmanager
@@ -77,6 +78,7 @@ class MemoryPlan:
     frozen: int  # the target's embedding + LM head (every drafter needs them)
     optimizer: int  # AdamW exp_avg + exp_avg_sq (+ step counters)
     trunk: int  # the target layers a single-process run also holds (not a pipeline drafter)
+    target_peak: int  # the target's feature pass (no grad) above resident + trunk
     loss_chunk: int
     step_peak: int  # forward + loss + backward peak above the resident state, --loss-chunk
     step_peak_one_chunk: int  # the same with the loss in one chunk
@@ -91,7 +93,9 @@ class MemoryPlan:
 
     def total(self, chunked: bool = True, single: bool = True) -> int:
         step = self.step_peak if chunked else self.step_peak_one_chunk
-        return self.resident + (self.trunk if single else 0) + max(step, self.opt_peak)
+        if not single:
+            return self.resident + max(step, self.opt_peak)
+        return self.resident + self.trunk + max(step, self.opt_peak, self.target_peak)
 
     def table(self) -> str:
         unit, name = (GIB, "GiB") if self.total() >= GIB else (2**20, "MiB")  # tiny plans
@@ -101,6 +105,7 @@ class MemoryPlan:
             ("target embedding + LM head (frozen)", self.frozen),
             ("AdamW state (fp32 exp_avg, exp_avg_sq)", self.optimizer),
             ("target layers (single process only)", self.trunk),
+            ("target feature pass (single process, SDPA)", self.target_peak),
             (f"step peak, --loss-chunk {self.loss_chunk}", self.step_peak),
             (f"step peak, one chunk ({self.block_tokens} rows)", self.step_peak_one_chunk),
             ("  of which fp32 gradients", self.grads),
@@ -281,17 +286,41 @@ def _null():
     yield
 
 
-def trunk_bytes(tcfg, n_features: int, dtype=torch.bfloat16) -> int:
-    """Target layers 0..deepest selected, in the target's dtype (TargetFeatures keeps no
-    later layer); built on the meta device, so nothing is allocated."""
-    from transformers import Qwen3ForCausalLM
+def measure_target(cfg: TrainConfig, tcfg) -> tuple[int, int]:
+    """(bytes of the target layers TargetFeatures keeps beyond embedding and LM head,
+    its feature pass's peak above them) on FakeTensors, bf16, HF's SDPA attention. In a
+    single process this pass runs before the drafter step, never during it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import AutoModelForCausalLM
 
-    from dflash.target import target_layer_ids
+    from dflash.data.random_stream import RandomStream
+    from dflash.target import TargetFeatures, target_layer_ids
 
-    with torch.device("meta"):
-        model = Qwen3ForCausalLM(tcfg)
-    layers = model.model.layers[: max(target_layer_ids(tcfg.num_hidden_layers, n_features)) + 1]
-    return sum(p.numel() for p in layers.parameters()) * dtype.itemsize
+    host = next(
+        RandomStream(
+            vocab_size=tcfg.vocab_size - 1,
+            seq_len=cfg.seq_len,
+            rows=cfg.rows,
+            seed=cfg.seed,
+            min_doc_len=cfg.min_doc_len,
+            max_doc_len=cfg.max_doc_len,
+        )
+    )
+    tcfg = copy.deepcopy(tcfg)  # the caller's config keeps its attention setting
+    tcfg._attn_implementation = "sdpa"
+    mode, live = FakeTensorMode(), LiveBytes()
+    with mode:
+        model = AutoModelForCausalLM.from_config(tcfg, dtype=torch.bfloat16)
+        target = TargetFeatures(
+            model, target_layer_ids(tcfg.num_hidden_layers, cfg.num_target_features)
+        )
+        live.track(list(target.parameters()), list(target.buffers()))
+        layers = sum(p.nbytes for p in target.layers.parameters())
+        args = [mode.from_tensor(t) for t in (host.input_ids, host.positions, host.doc_ids)]
+        base = live.peak = live.live
+        with live:
+            target(*args)
+    return layers, live.peak - base
 
 
 def plan(cfg: TrainConfig, tcfg=None) -> MemoryPlan:
@@ -301,6 +330,7 @@ def plan(cfg: TrainConfig, tcfg=None) -> MemoryPlan:
     chunked = measure(cfg, tcfg)
     one = measure(cfg, tcfg, loss_chunk=max(block_tokens, cfg.loss_chunk))
     res = chunked["resident"]
+    trunk, target_peak = measure_target(cfg, tcfg)
     title = (
         f"memory plan, one GPU step: preset {cfg.preset}, target {cfg.target or 'tiny'} "
         f"(hidden {tcfg.hidden_size}, vocab {tcfg.vocab_size}), {cfg.draft_layers} drafter "
@@ -322,7 +352,8 @@ def plan(cfg: TrainConfig, tcfg=None) -> MemoryPlan:
         weights=chunked["weights"],
         frozen=chunked["frozen"],
         optimizer=chunked["optimizer"],
-        trunk=trunk_bytes(tcfg, cfg.num_target_features),
+        trunk=trunk,
+        target_peak=target_peak,
         loss_chunk=cfg.loss_chunk,
         step_peak=chunked["step_peak"] - res,
         step_peak_one_chunk=one["step_peak"] - res,

@@ -73,6 +73,8 @@ def test_qwen3_8b_plan_at_real_shapes():
     params = 5 * h * h + 5 * layer + 2 * h  # fc, layers, hidden_norm + final norm
     assert p.weights == 4 * params  # fp32 master weights
     assert p.frozen == 2 * (2 * vocab * h)  # bf16 embedding + LM head, untied
+    assert p.trunk == 2 * 34 * layer  # bf16 target layers 0..33 (features up to 33)
+    assert 0 < p.target_peak < p.step_peak
     assert 2 * p.weights <= p.optimizer < 2 * p.weights + 4096  # + per-param step counters
     assert p.step_peak_one_chunk - p.step_peak >= (8192 - 4096) * vocab * 4
     assert p.total(single=False) < 80 * memplan.GIB
