@@ -9,11 +9,13 @@ differs. `speculative_generate(target, CachedDFlash2Drafter(...), ...)` decodes 
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor
 
 from dflash.model import _rope, attend
-from dflash.model_dflash2 import DFlash2DraftModel
+from dflash.model_dflash2 import DFlash2DecoderLayer, DFlash2DraftModel
 from dflash.spec_decode import CachedDrafter
 
 
@@ -22,16 +24,19 @@ class CachedDFlash2Drafter(CachedDrafter):
         if not isinstance(drafter, DFlash2DraftModel):
             raise TypeError(f"CachedDFlash2Drafter needs a DFlash2DraftModel, got {type(drafter)}")
         super().__init__(drafter, embed_tokens, lm_head)
+        self.d2 = drafter
+        self.layers2: list[DFlash2DecoderLayer] = list(drafter.layers)  # type: ignore[arg-type]
 
     def _attention(self, i: int, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
         """Layer i's attention of the block h [1, bs, H] over [cached context ; block]."""
-        a, n = self.d.layers[i].self_attn, h.shape[1]
+        a, n = self.layers2[i].self_attn, h.shape[1]
         q = a.q_norm(a.q_proj(h).view(1, n, a.n_heads, a.head_dim)).transpose(1, 2)
         k = a.k_norm(a.k_proj(h).view(1, n, a.n_kv, a.head_dim)).transpose(1, 2)
         v = a.v_proj(h).view(1, n, a.n_kv, a.head_dim).transpose(1, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        if self.k[i] is not None:
-            k, v = torch.cat([self.k[i], k], dim=2), torch.cat([self.v[i], v], dim=2)
+        ck, cv = self.k[i], self.v[i]
+        if ck is not None and cv is not None:
+            k, v = torch.cat([ck, k], dim=2), torch.cat([cv, v], dim=2)
         return a.o_proj(attend(q, k, v, mask, a.scale).transpose(1, 2).reshape(1, n, -1))
 
     @torch.no_grad()
@@ -45,17 +50,19 @@ class CachedDFlash2Drafter(CachedDrafter):
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """(block tokens [bs], candidate ids [bs-1, k], proposal q [bs-1, k] or None):
         slot 0 is the anchor, slots 1.. the selector's walk from it."""
-        dev = self.d.fc.weight.device
-        ids = torch.full((1, block_size), self.d.mask_token_id, dtype=torch.long, device=dev)
+        d = self.d2
+        dev = d.fc.weight.device
+        ids = torch.full((1, block_size), d.mask_token_id, dtype=torch.long, device=dev)
         ids[0, 0] = anchor
         pos = (anchor_pos + torch.arange(block_size, device=dev)).unsqueeze(0)
         x = self.embed_tokens(ids)
-        cos, sin = self.d.rotary_emb(x, pos)
+        cos, sin = d.rotary_emb(x, pos)
         mask = self.block_mask(block_size)
-        for i, layer in enumerate(self.d.layers):
-            x = layer.run(x, lambda h, i=i: self._attention(i, h, cos, sin, mask), block_size)
-        hidden = self.d.norm(x)[:, 1:]
-        tokens, cand, q = self.d.propose(hidden, ids[:, 0], self.lm_head, temperature, generator)
+        for i, layer in enumerate(self.layers2):
+            attention = partial(self._attention, i, cos=cos, sin=sin, mask=mask)
+            x = layer.run(x, attention, block_size)
+        hidden = d.norm(x)[:, 1:]
+        tokens, cand, q = d.propose(hidden, ids[:, 0], self.lm_head, temperature, generator)
         ids[0, 1:] = tokens[0]
         return ids[0], cand[0], None if q is None else q[0]
 
@@ -75,6 +82,9 @@ class CachedDFlash2Drafter(CachedDrafter):
         slot's candidates), the q that rejection sampling divides by. As in z-lab's
         decoder, the proposal applies the temperature to the selector scores only (no
         top-p/top-k); rejection sampling is lossless for any q the drafts are drawn from."""
+        if not s.temperature > 0:
+            raise ValueError(f"sample: temperature {s.temperature}; greedy drafting is propose")
         block, cand, q = self.draft(anchor, anchor_pos, block_size, s.temperature, gen)
+        assert q is not None  # temperature > 0: the walk sampled
         full = q.new_zeros(q.shape[0], self.lm_head.weight.shape[0])
         return block, full.scatter_(-1, cand, q)

@@ -176,8 +176,10 @@ class DFlash2DecoderLayer(DFlashDecoderLayer):
         h, taps = self.mlp_conv.prepare(self.post_attention_layernorm(x), block_len)
         return x + self.mlp_conv.finish(self.mlp(h), taps, block_len)
 
-    def forward(self, x: Tensor, ctx: Tensor, rope, mask, block_len: int) -> Tensor:
-        return self.run(x, lambda h: self.self_attn(h, ctx, rope, mask), block_len)
+    def forward(self, x: Tensor, ctx: Tensor, rope, mask, block_len: int | None = None) -> Tensor:
+        """block_len: x [B, Q, H] is Q / block_len whole blocks (default: one block)."""
+        length = x.shape[1] if block_len is None else block_len
+        return self.run(x, lambda h: self.self_attn(h, ctx, rope, mask), length)
 
 
 class DFlash2DraftModel(DFlashDraftModel):

@@ -1,3 +1,5 @@
+# mypy: ignore-errors
+# (type-checked here, `dflash` would be ours; this file runs against z-lab's package)
 """z-lab's published decoder (PyPI `dflash==0.1.0`) run on our exported DFlash2 drafter.
 
 Runs INSIDE that package's own environment (torch 2.13.0, transformers 5.15.0), started

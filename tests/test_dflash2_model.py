@@ -280,6 +280,8 @@ def test_cached_drafting_is_the_forward(tiny_qwen3_config):
     assert (q.gather(-1, block[1:, None]) > 0).all()
     with pytest.raises(TypeError, match="selector walk"):
         cached.logits(7, s, BS)
+    with pytest.raises(ValueError, match="greedy drafting is propose"):
+        cached.sample(7, s, BS, SimpleNamespace(temperature=0.0), g)
 
 
 def test_dense_and_flex_paths_agree(tiny_qwen3_config):

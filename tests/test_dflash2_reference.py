@@ -159,15 +159,15 @@ def our_decode(target_dir: Path, drafter, prompts):
 
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     target = CachedTarget(model, drafter.target_layer_ids)
-    cached = CachedDFlash2Drafter(drafter, model.get_input_embeddings(), model.lm_head)
-    drafts, propose = [], cached.propose
+    drafts: list[list[int]] = []
 
-    def recording(anchor, anchor_pos, block_size):
-        block = propose(anchor, anchor_pos, block_size)
-        drafts.append(block[1:].tolist())
-        return block
+    class Recording(CachedDFlash2Drafter):
+        def propose(self, anchor, anchor_pos, block_size):
+            block = super().propose(anchor, anchor_pos, block_size)
+            drafts.append(block[1:].tolist())
+            return block
 
-    cached.propose = recording
+    cached = Recording(drafter, model.get_input_embeddings(), model.lm_head)
     rows = []
     for ids in prompts:
         drafts.clear()
