@@ -18,11 +18,12 @@ torch.profiler's record of real CPU allocations at tiny shapes.
 from __future__ import annotations
 
 import copy
-import inspect
+import dataclasses
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -167,16 +168,6 @@ def _flex_for_planning():
         fa.flex_attention, fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = orig, debug
 
 
-def _loss(step_fn, batch, feats, anchors, valid):
-    # DraftStep.forward takes the PackedBatch (after the run.py restructure) or its four
-    # tensors (before it); planning works with either.
-    if "batch" in inspect.signature(step_fn.forward).parameters:
-        return step_fn(batch, feats, anchors, valid)
-    return step_fn(
-        batch.input_ids, batch.loss_mask, batch.doc_ids, batch.positions, feats, anchors, valid
-    )
-
-
 def measure(cfg: TrainConfig, tcfg, *, gpu: bool = True, fake: bool = True, loss_chunk=None):
     """Byte counts of two training steps (the second has AdamW state, as every later one
     does): resident before it, its forward+backward peak, the live bytes after backward,
@@ -233,17 +224,13 @@ def measure(cfg: TrainConfig, tcfg, *, gpu: bool = True, fake: bool = True, loss
         opt = torch.optim.AdamW(
             drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=gpu
         )
-        batch = (
-            host
-            if mode is None
-            else type(host)(
-                *(
-                    mode.from_tensor(t)
-                    for t in (host.input_ids, host.loss_mask, host.doc_ids, host.positions)
-                ),
-                host.n_docs,
-                host.n_tokens,
-            )
+        as_input = mode.from_tensor if mode is not None else (lambda t: t)
+        batch = dataclasses.replace(
+            host,
+            input_ids=as_input(host.input_ids),
+            loss_mask=as_input(host.loss_mask),
+            doc_ids=as_input(host.doc_ids),
+            positions=as_input(host.positions),
         )
         live.track(
             list(step_fn.parameters()),
@@ -253,7 +240,7 @@ def measure(cfg: TrainConfig, tcfg, *, gpu: bool = True, fake: bool = True, loss
             batch.doc_ids,
             batch.positions,
         )
-        out = {}
+        out: dict[str, Any] = {}
         with live:
             for _ in range(2):
                 out["resident"] = live.peak = live.live
@@ -264,7 +251,7 @@ def measure(cfg: TrainConfig, tcfg, *, gpu: bool = True, fake: bool = True, loss
                 )
                 autocast = torch.autocast("cpu", dtype=torch.bfloat16) if gpu else _null()
                 with autocast:
-                    loss, _stats = _loss(step_fn, batch, feats, anchors, valid)
+                    loss, _stats = step_fn(batch, feats, anchors, valid)
                 loss.backward()
                 del loss, _stats, feats, anchors, valid
                 out["step_peak"], out["after_backward"] = live.peak, live.live
