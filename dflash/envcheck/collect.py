@@ -93,7 +93,7 @@ class Probes:
 
     def __init__(self, python: str | None, import_torch: bool) -> None:
         self.exe = resolve_python(python)
-        self.procs: dict[str, subprocess.Popen[str] | None] = {}
+        self.procs: dict[str, subprocess.Popen[str]] = {}
         try:
             # the slowest first: torch's import, then the static probe's stat of every file
             if import_torch:
@@ -108,7 +108,7 @@ class Probes:
 
     def kill(self) -> None:
         for proc in self.procs.values():
-            if proc is not None and proc.poll() is None:
+            if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
 

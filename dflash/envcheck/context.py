@@ -58,7 +58,7 @@ class Context:
     @property
     def torch_cuda(self) -> str | None:
         info = self.torch_info or {}
-        return info.get("cuda")  # type: ignore[no-any-return]
+        return info.get("cuda")
 
     @property
     def torch_major(self) -> int | None:

@@ -219,7 +219,10 @@ def _read_docker(image_id: str, path: str) -> bytes:
         member = tar.next()
         if member is None or not member.isfile():
             raise FileNotFoundError(path)
-        return tar.extractfile(member).read()
+        fh = tar.extractfile(member)
+        if fh is None:
+            raise FileNotFoundError(path)
+        return fh.read()
 
 
 def read_file(info: ImageInfo, path: str) -> bytes:

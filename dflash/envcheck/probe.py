@@ -74,7 +74,9 @@ class SampleCache:
     edit in the same tick could look unchanged (git's "racily clean" rule)."""
 
     def __init__(self, path: str | None) -> None:
-        self.path, self.old, self.new = path, {}, {}
+        self.path = path
+        self.old: dict[str, Any] = {}
+        self.new: dict[str, list] = {}
         self.started_ns = time.time_ns()
         if path:
             try:

@@ -52,14 +52,13 @@ class Recorder:
         # Mirrors site.addpackage (3.11-3.13), except that import lines are recorded,
         # never executed.
         reset = known_paths is None
-        if reset:
-            known_paths = site._init_pathinfo()  # type: ignore[attr-defined]
+        known: set = site._init_pathinfo() if known_paths is None else known_paths  # type: ignore[attr-defined]
         fullname = os.path.join(sitedir, name)
         try:
             with open(fullname, "rb") as fh:
                 raw = fh.read()
         except OSError:
-            return known_paths
+            return known
         try:
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError:
@@ -73,12 +72,12 @@ class Recorder:
                     self.hooks.append(hook)
                 continue
             line = line.rstrip()
-            path, case = site.makepath(sitedir, line)  # type: ignore[attr-defined]
-            if case not in known_paths and os.path.exists(path):
+            path, case = site.makepath(sitedir, line)
+            if case not in known and os.path.exists(path):
                 sys.path.append(path)
-                known_paths.add(case)
+                known.add(case)
                 self.causes.setdefault(path, f".pth file {fullname}")
-        return None if reset else known_paths
+        return None if reset else known
 
     def wrap_addsitedir(self, real):
         def addsitedir(sitedir, known_paths=None):
@@ -121,9 +120,9 @@ def users_path() -> tuple[list[dict[str, str]], Recorder, dict[str, Any]]:
         causes.setdefault(os.path.abspath(p), "PYTHONPATH")
     sys.path[:0] = pythonpath  # where the interpreter puts it, after the script's dir
     site.addpackage = rec.addpackage  # type: ignore[assignment]
-    site.addsitedir = rec.wrap_addsitedir(site.addsitedir)  # type: ignore[assignment]
-    site.execsitecustomize = rec.customize("sitecustomize")  # type: ignore[assignment]
-    site.execusercustomize = rec.customize("usercustomize")  # type: ignore[assignment]
+    site.addsitedir = rec.wrap_addsitedir(site.addsitedir)
+    site.execsitecustomize = rec.customize("sitecustomize")
+    site.execusercustomize = rec.customize("usercustomize")
     site.ENABLE_USER_SITE = user_site_allowed()  # venv() turns it off unless system site
     site.main()
     user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else None
@@ -181,12 +180,16 @@ def editable_mappings() -> dict[str, str]:
             except (OSError, SyntaxError, UnicodeDecodeError):
                 continue
             for node in tree.body:
-                target = node.targets[0] if isinstance(node, ast.Assign) else None
-                if isinstance(node, ast.AnnAssign):
-                    target = node.target
-                if isinstance(target, ast.Name) and target.id == "MAPPING":
+                value: ast.expr | None
+                if isinstance(node, ast.Assign):
+                    target, value = node.targets[0], node.value
+                elif isinstance(node, ast.AnnAssign):
+                    target, value = node.target, node.value
+                else:
+                    continue
+                if isinstance(target, ast.Name) and target.id == "MAPPING" and value is not None:
                     try:
-                        mapping = ast.literal_eval(node.value)  # type: ignore[arg-type]
+                        mapping = ast.literal_eval(value)
                     except ValueError:
                         continue
                     for key, value in dict(mapping).items():

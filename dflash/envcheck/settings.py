@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .findings import SEVERITY_ORDER
+from .findings import SEVERITY_ORDER, Severity
 
 Device = str  # "auto" | "cpu" | "cuda": what the run is meant to use
 DEVICES = ("auto", "cpu", "cuda")
@@ -54,17 +54,17 @@ class BadSetting:
     matches: Callable[[str, Device], bool]
     effect: str  # what it costs, shown in the finding and the bench diff
     source: str  # a public document or issue that says so
-    severity: str = "warning"
+    severity: Severity = "warning"
     # severity by the device the run is meant for (--device), where it differs:
     # hiding every GPU breaks a CUDA run and is what a CPU run wants
-    by_device: tuple[tuple[str, str], ...] = ()
+    by_device: tuple[tuple[str, Severity], ...] = ()
 
     def __post_init__(self) -> None:
         for device, sev in (("auto", self.severity), *self.by_device):
             if device not in DEVICES or sev not in SEVERITY_ORDER:
                 raise ValueError(f"{self.name}: bad severity {sev!r} for device {device!r}")
 
-    def severity_for(self, device: Device) -> str:
+    def severity_for(self, device: Device) -> Severity:
         return dict(self.by_device).get(device, self.severity)
 
 
@@ -291,7 +291,7 @@ BY_NAME: dict[str, BadSetting] = {s.name: s for s in CATALOGUE}
 class Match:
     setting: BadSetting
     value: str
-    severity: str
+    severity: Severity
 
 
 def match_settings(variables: Mapping[str, str], device: Device = "auto") -> list[Match]:
