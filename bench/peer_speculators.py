@@ -13,17 +13,24 @@ Their step is what speculators' own Trainer runs per batch (train/trainer.py,
 clip_grad_norm_(1.0), optimizer step; the kwargs come from their
 `DFlashDraftModel.get_trainer_kwargs` and the optimizer from their `build_optimizers`.
 
-CPU settings, each a pitfall of speculators' defaults on a machine without CUDA:
+CPU settings, each a pitfall of speculators' defaults on a machine without CUDA (each
+failure below was seen with this environment on a CPU-only host):
+  * the Trainer itself cannot run: with no GPU, torch.accelerator still reports "cuda"
+    (a CUDA build of torch), so Trainer.setup_model moves the model to LOCAL_RANK, i.e.
+    cuda:0 ("Found no NVIDIA driver"). This script runs the same calls as its step.
   * attention: `_attn_implementation = "sdpa"`. The default "simple_flex_attention"
-    builds a BlockMask with a torch.compile'd create_block_mask and runs flex_attention,
-    whose CPU path is inductor's (no CPU backward here); "sdpa" makes their model build a
-    dense boolean mask with torch's create_mask and call transformers' SDPA.
-  * loss: `loss_implementation="eager"`. The default "fused" loss is a Triton kernel,
-    which needs a GPU.
-  * loss function: "ce" (hard labels, the argmax of the verifier's logits) instead of
-    the default "kl_div", so both sides compute the same position-decayed cross-entropy.
-  * autocast: none. Their Trainer wraps the forward in torch.autocast(bfloat16) on
-    every device type; on CPU that is slow bf16 emulation, and ours runs fp32 on CPU.
+    builds its BlockMask with a torch.compile'd create_block_mask; inductor's CPU
+    backend needs setuptools, which is not among their dependencies with torch 2.10
+    ("InductorError: No module named 'setuptools'"). With setuptools added it compiles
+    (about 100 s on a loaded 2-core host) and runs flex_attention eagerly, torch's
+    unfused CPU reference. "sdpa" makes their model build a dense boolean mask with
+    torch's create_mask and call transformers' SDPA, as ours does on CPU.
+  * loss: `loss_implementation="eager"`. The default "fused" loss is a Triton kernel:
+    "RuntimeError: 0 active drivers ([]). There should only be one."
+  * loss function: "ce" (hard labels: the argmax of the verifier's logits) instead of
+    the default "kl_div", so both sides compute a position-decayed cross-entropy.
+  * precision: fp32. The Trainer's autocast("cuda", bfloat16) does nothing to CPU
+    tensors; ours runs fp32 on CPU too.
 Their forward is torch.compile'd only when CUDA is available (conditional_torch_compile),
 so on CPU both sides run eagerly.
 """
@@ -31,16 +38,16 @@ so on CPU both sides run eagerly.
 from __future__ import annotations
 
 import json
-import resource
+import math
 import sys
 import time
 from pathlib import Path
 
 T0 = time.perf_counter()
 
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+# bench/peer_step.py's module level is the standard library only, so its helpers load here.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_step import peak_rss_mib, profiled  # noqa: E402
 
 
 def build_model(spec: dict, inputs: dict, attn: str = "sdpa"):
@@ -118,12 +125,7 @@ def main(scratch: str, out: str, profile: str | None = None) -> None:
     t_build = time.perf_counter()
     rss_build = peak_rss_mib()
 
-    steps = []
-    profiler = None
-    for i in range(spec["warmup"] + spec["steps"]):
-        if i == spec["warmup"] and profile:
-            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            profiler.__enter__()
+    def one_step(i: int) -> dict:
         t0, c0 = time.perf_counter(), time.process_time()
         _, loss, _metrics = model(**batch, **train_kwargs)
         c_fwd = time.process_time()
@@ -135,24 +137,16 @@ def main(scratch: str, out: str, profile: str | None = None) -> None:
         for opt in optimizers:
             opt.step()
         c_end = time.process_time()
-        steps.append(
-            {
-                "wall_s": time.perf_counter() - t0,
-                "cpu_s": c_end - c0,
-                "stages_cpu_s": {
-                    "forward": c_fwd - c0,
-                    "backward": c_bwd - c_fwd,
-                    "optimizer": c_end - c_bwd,
-                },  # fmt: skip
-                "loss": float(loss.detach()),
-            }
-        )
-    if profiler is not None:
-        profiler.__exit__(None, None, None)
-        table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
-        Path(profile).write_text(table)
-    if not all(s["loss"] == s["loss"] and abs(s["loss"]) != float("inf") for s in steps):
-        raise RuntimeError(f"speculators step: loss is not finite: {[s['loss'] for s in steps]}")
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise RuntimeError(f"speculators step {i}: loss is not finite ({value})")
+        stages = {"forward": c_fwd - c0, "backward": c_bwd - c_fwd, "optimizer": c_end - c_bwd}
+        return {"wall_s": time.perf_counter() - t0, "cpu_s": c_end - c0,
+                "stages_cpu_s": stages, "loss": value}  # fmt: skip
+
+    warmup = [one_step(i) for i in range(spec["warmup"])]
+    with profiled(profile):
+        steps = [one_step(i) for i in range(spec["warmup"], spec["warmup"] + spec["steps"])]
     result = {
         "side": "speculators",
         "torch": torch.__version__,
@@ -161,8 +155,8 @@ def main(scratch: str, out: str, profile: str | None = None) -> None:
         "build_s": t_build - t_import,
         "rss_after_build_mib": rss_build,
         "peak_rss_mib": peak_rss_mib(),
-        "warmup": steps[: spec["warmup"]],
-        "steps": steps[spec["warmup"] :],
+        "warmup": warmup,
+        "steps": steps,
     }
     Path(out).write_text(json.dumps(result, indent=1))
 

@@ -26,6 +26,7 @@ line printed is the ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -37,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# Module level: the standard library only. bench/peer_speculators.py imports this file's
+# helpers in speculators' venv, where dflash (and scipy) are absent.
 REPO = Path(__file__).resolve().parents[1]
 PEER_SCRIPT = REPO / "bench" / "peer_speculators.py"
 # torch pinned to ours (2.10.0, already in uv's cache from the project sync) so both
@@ -62,8 +65,11 @@ class Shapes:
     draft_layers: int = 2
     min_doc_len: int = 32
     max_doc_len: int = 192
+    vocab: int = 0  # target vocabulary; 0: the tiny tokenizer's, padded to 384 rows
 
     def __post_init__(self) -> None:
+        if self.vocab < 0:
+            raise ValueError("--vocab must be >= 0 (0: the tiny tokenizer's, padded)")
         for name in ("seq_len", "max_anchors", "draft_layers", "min_doc_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
@@ -85,7 +91,7 @@ def workload(shapes: Shapes, threads: int):
     return Workload(
         name="peer-step",
         device="cpu",
-        target={**TINY_TARGET, "vocab_size": None},
+        target={**TINY_TARGET, "vocab_size": shapes.vocab or None},
         draft_layers=shapes.draft_layers,
         seq_len=shapes.seq_len,
         rows=1,  # speculators' DFlash trains one packed row per step
@@ -132,9 +138,11 @@ def prepare(spec: dict, scratch: Path) -> None:
         "lm_head": run.target.lm_head.weight.detach(),
     }
     torch.save(inputs, scratch / "inputs.pt")
-    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")
-    keep += ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act")
-    keep += ("max_position_embeddings", "rms_norm_eps", "rope_parameters", "attention_bias")
+    keep = (
+        *("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"),
+        *("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act"),
+        *("max_position_embeddings", "rms_norm_eps", "rope_parameters", "attention_bias"),
+    )
     d = run.drafter.config.to_dict()
     spec = {
         **spec,
@@ -171,44 +179,30 @@ def worker_ours(scratch: Path, out: Path, profile: str | None = None) -> None:
     trainable = sum(p.numel() for p in run.drafter.parameters() if p.requires_grad)
     t_build = time.perf_counter()
     rss_build = peak_rss_mib()
-    steps, profiler = [], None
     marks: dict[str, float] = {}  # CPU clock at the end of each of train_step's stages
 
     def mark(stage: str) -> None:
         marks[stage] = time.process_time()
 
-    for i in range(spec["warmup"] + spec["steps"]):
-        if i == spec["warmup"] and profile:
-            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            profiler.__enter__()
+    def one_step(i: int) -> dict:
         marks.clear()
         w0, c0 = time.perf_counter(), time.process_time()
-        res = train_step(
-            run,
-            i,
-            [FeatureBatch(i, batch, inputs["feats"], n)],
-            mark=mark,
-        )
+        res = train_step(run, i, [FeatureBatch(i, batch, inputs["feats"], n)], mark=mark)
         c_end = time.process_time()
+        loss = float(res.loss.detach())
+        if not math.isfinite(loss):
+            raise RuntimeError(f"our step {i}: loss is not finite ({loss})")
         stages = {
             "forward": marks["drafter_fwd"] - c0,  # anchors, mask, drafter, loss
             "backward": marks["drafter_bwd"] - marks["drafter_fwd"],
             "optimizer": c_end - marks["drafter_bwd"],  # clip, AdamW, schedule, zero_grad
         }
-        steps.append(
-            {
-                "wall_s": time.perf_counter() - w0,
-                "cpu_s": c_end - c0,
-                "stages_cpu_s": stages,
-                "loss": float(res.loss.detach()),
-            }
-        )
-    if profiler is not None:
-        profiler.__exit__(None, None, None)
-        table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
-        Path(profile).write_text(table)
-    if not all(math.isfinite(s["loss"]) for s in steps):
-        raise RuntimeError(f"our step: loss is not finite: {[s['loss'] for s in steps]}")
+        return {"wall_s": time.perf_counter() - w0, "cpu_s": c_end - c0,
+                "stages_cpu_s": stages, "loss": loss}  # fmt: skip
+
+    warmup = [one_step(i) for i in range(spec["warmup"])]
+    with profiled(profile):
+        steps = [one_step(i) for i in range(spec["warmup"], spec["warmup"] + spec["steps"])]
     result = {
         "side": "ours",
         "torch": torch.__version__,
@@ -217,10 +211,23 @@ def worker_ours(scratch: Path, out: Path, profile: str | None = None) -> None:
         "build_s": t_build - t_import,
         "rss_after_build_mib": rss_build,
         "peak_rss_mib": peak_rss_mib(),
-        "warmup": steps[: spec["warmup"]],
-        "steps": steps[spec["warmup"] :],
+        "warmup": warmup,
+        "steps": steps,
     }
     out.write_text(json.dumps(result, indent=1))
+
+
+@contextlib.contextmanager
+def profiled(path: str | None):
+    """torch.profiler over the block, its op table (by self CPU time) written to `path`."""
+    if not path:
+        yield
+        return
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        yield
+    Path(path).write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
 
 
 def peak_rss_mib() -> float:
@@ -330,8 +337,10 @@ def print_report(rep: dict) -> None:
     for side, key in (("ours", "ours_s"), ("speculators", "theirs_s")):
         st = stages[side]
         growth = rss[side]["peak_rss_mib"] - rss[side]["rss_after_build_mib"]
-        vals = (1e3 * cpu[key], 1e3 * st["forward"], 1e3 * st["backward"])
-        vals += (1e3 * st["optimizer"], 1e3 * wall[key], rss[side]["peak_rss_mib"], growth)
+        vals = (
+            *(1e3 * cpu[key], 1e3 * st["forward"], 1e3 * st["backward"]),
+            *(1e3 * st["optimizer"], 1e3 * wall[key], rss[side]["peak_rss_mib"], growth),
+        )
         print(f"{side:12}" + "".join(f"{v:14.1f}" for v in vals))
     print(
         f"wall-time ratio ours/speculators: {wall['ratio']:.3f} "
