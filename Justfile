@@ -89,7 +89,7 @@ bench-report *ARGS: setup
 
 # pytest-benchmark micro-benchmarks; saved as JSON in the store's micro/ and compared with the previous save
 bench-micro *ARGS: setup
-    {{run}} pytest tests/bench_micro -o python_files='bench_*.py' -p no:cacheprovider --benchmark-autosave --benchmark-storage="file://${DFLASH_BENCH_STORE:-$HOME/.cache/dflash/bench}/micro" --benchmark-compare {{ARGS}}
+    {{run}} pytest tests/microbench -o python_files='bench_*.py' -p no:cacheprovider --benchmark-autosave --benchmark-storage="file://${DFLASH_BENCH_STORE:-$HOME/.cache/dflash/bench}/micro" --benchmark-compare {{ARGS}}
 
 # False-alarm and detection rates of the stored-number verdict on this machine (41 bench runs, none paired)
 bench-quality *ARGS: setup

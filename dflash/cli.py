@@ -1,7 +1,7 @@
 """`dflash` command line: a thin dispatcher.
 
-Each subcommand lives in its own module exposing `add_arguments(parser)` and
-`run(args) -> int`. Modules are imported lazily so that light commands (doctor,
+Each subcommand `dflash X` lives in its own module, `<x>_cli.py` beside the code it
+drives, exposing `add_arguments(parser)` and `run(args) -> int` and nothing else. Modules are imported lazily so that light commands (doctor,
 env manifest) do not pay for importing torch and transformers up front.
 """
 
@@ -16,13 +16,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("dflash.train_cli", "train a DFlash drafter"),
     "doctor": ("dflash.envcheck.doctor_cli", "audit this Python environment against uv.lock"),
     "env": ("dflash.envcheck.env_cli", "environment fingerprint and manifest"),
-    "image": ("dflash.envcheck.image_diff", "diff two images' environments, never starting them"),
+    "image": ("dflash.envcheck.image_cli", "diff two images' environments, never starting them"),
     "eval": ("dflash.eval_cli", "speculative decoding with a drafter: tau, speedup, lossless"),
     "regen": ("dflash.regen_cli", "regenerate responses with the target (local or OpenAI server)"),
-    "bench": ("dflash.bench.cli", "throughput benchmark against a stored baseline"),
-    "demo": ("dflash.demo.cli", "offline end-to-end demo on CPU: target, data, drafter, eval"),
+    "bench": ("dflash.bench.bench_cli", "throughput benchmark against a stored baseline"),
+    "demo": ("dflash.demo.demo_cli", "offline end-to-end demo on CPU: target, data, drafter, eval"),
     "gpu-check": (
-        "dflash.gpu_check",
+        "dflash.gpu_check_cli",
         "GPU readiness: doctor, compiled qwen3-8b steps, bench record, NCCL pipeline",
     ),
 }

@@ -10,14 +10,13 @@ In order, each a row of the table and an entry of the final JSON line:
              as a baseline; a readiness check is not a reference)
   pipeline   with >= 2 GPUs: a 1 target + 1 drafter NCCL pipeline, 20 steps
 
-`--dry-run` runs the same checks at tiny shapes on CPU: the tiny-cpu workload (compiled),
+`dflash gpu-check` (gpu_check_cli.py) prints the table and one JSON line. `--dry-run` runs the same checks at tiny shapes on CPU: the tiny-cpu workload (compiled),
 its bench record (two repeats) in a temporary store, and the 1 + 1 pipeline over gloo. The tests run it,
 so the script itself never goes stale. Exit 0 when every check passes (or is skipped).
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import math
@@ -32,19 +31,6 @@ from typing import Any
 STEPS = 20  # measured steps after warm-up, and pipeline steps
 GPU_WORKLOAD, CPU_WORKLOAD = "qwen3-8b-1gpu", "tiny-cpu"
 SUBPROCESS_TIMEOUT_S = 3600
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="the same checks at tiny shapes on CPU (tiny-cpu workload, gloo pipeline)",
-    )
-    parser.add_argument(
-        "--store",
-        help="bench store for the record (default: the bench's; --dry-run: a temporary one)",
-    )
-    parser.add_argument("--json-out", help="also write the JSON result to this file")
 
 
 def check_doctor(device: str) -> dict[str, Any]:
@@ -240,22 +226,3 @@ def table(results: list[dict[str, Any]]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
         for r in rows
     )
-
-
-def run(args: argparse.Namespace) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads
-    results = run_checks(args.dry_run, args.store)
-    ok = all(r["status"] != "FAIL" for r in results)
-    summary = {"gpu_check": 1, "ok": ok, "dry_run": args.dry_run, "checks": results}
-    print(table(results), flush=True)
-    line = json.dumps(summary, sort_keys=True, default=str)
-    if args.json_out:
-        Path(args.json_out).write_text(line + "\n")
-    print(line)
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m dflash.gpu_check")
-    add_arguments(parser)
-    sys.exit(run(parser.parse_args()))

@@ -151,21 +151,16 @@ def target_config(cfg: TrainConfig):
 @contextmanager
 def _flex_for_planning():
     """flex_attention as the GPU runs it: its fused kernel (FakeTensor's rule: outputs and
-    logsumexp, never the scores matrix), not eager's compile-and-materialise wrapper.
-    q/k leave the fp32-weight RMSNorm in fp32 while v is bf16 under autocast, which flex
-    refuses (SDPA is cast by autocast); they are cast to v's dtype, the fix a GPU run needs."""
+    logsumexp, never the scores matrix), not eager's compile-and-materialise wrapper."""
     import torch.nn.attention.flex_attention as fa
 
-    orig, debug = fa.flex_attention, fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    debug = fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
 
-    def flex(q, k, v, **kw):
-        return orig(q.to(v.dtype), k.to(v.dtype), v, **kw)
-
-    fa.flex_attention, fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = flex, True
+    fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
     try:
         yield
     finally:
-        fa.flex_attention, fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = orig, debug
+        fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = debug
 
 
 def measure(cfg: TrainConfig, tcfg, *, gpu: bool = True, fake: bool = True, loss_chunk=None):
@@ -328,7 +323,7 @@ def plan(cfg: TrainConfig, tcfg=None) -> MemoryPlan:
         "not counted: the CUDA context, kernel workspaces, allocator rounding and "
         "fragmentation, torch.compile's own choice of saved tensors; keep a few GiB free",
         {
-            "flex": "flex: q and k cast to v's dtype (bf16), as --attn flex under autocast needs",
+            "flex": "flex: counted as its fused kernel (output + logsumexp, never the scores)",
             "sdpa": "sdpa: counted with the CPU kernel (it keeps output + logsumexp); on CUDA "
             "a boolean mask may select the math kernel, which keeps the scores",
         }[chunked["attn"]],
@@ -348,18 +343,3 @@ def plan(cfg: TrainConfig, tcfg=None) -> MemoryPlan:
         opt_peak=chunked["opt_peak"] - res,
         block_tokens=block_tokens,
     )
-
-
-def run_cli(args) -> int:
-    """`dflash train --plan`: the plan of the configuration the flags and recipe give."""
-    import sys
-
-    from dflash import train_cli
-
-    try:
-        cfg, _ = train_cli.resolve(args, check_paths=False)  # data and weights unused
-        print(plan(cfg).table())
-    except ValueError as e:
-        print(f"dflash train: {e}", file=sys.stderr)
-        return 2
-    return 0

@@ -94,6 +94,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask, scale: float) -> Tensor:
         return out * any_key.to(out.dtype)
     from torch.nn.attention.flex_attention import flex_attention
 
+    # Under bf16 autocast q and k leave the fp32-weight RMSNorm (and RoPE) in fp32 while
+    # v leaves its Linear in bf16; flex_attention refuses mixed dtypes (autocast casts
+    # SDPA's inputs, not flex's). Found by `dflash train --plan` (dflash/memplan.py).
+    q, k = q.to(v.dtype), k.to(v.dtype)
     res: Any = flex_attention(q, k, v, block_mask=mask, scale=scale, enable_gqa=True)
     return res  # return_lse/return_aux are off: the output alone
 

@@ -153,11 +153,12 @@ def run(args: argparse.Namespace) -> int:
         bare = False
     elif bare:  # never a usage error: the tiny CPU run, then how to go further
         args.config = "tiny"
-    if args.plan:  # memory of one step of this configuration, nothing trained
-        from dflash.memplan import run_cli
-
-        return run_cli(args)
     try:
+        if args.plan:  # memory of one step of this configuration; nothing is trained
+            from dflash.memplan import plan as memory_plan
+
+            print(memory_plan(resolve(args, check_paths=False)[0]).table())
+            return 0
         cfg, recipe = resolve(args)
     except ValueError as e:
         print(f"dflash train: {e}", file=sys.stderr)

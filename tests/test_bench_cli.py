@@ -11,7 +11,7 @@ import argparse
 import pytest
 from bench_fakes import make_record, scaled
 
-from dflash.bench import cli
+from dflash.bench import bench_cli as cli
 from dflash.bench.store import Store
 
 BASE = [10000.0, 10400.0, 9800.0, 10150.0, 9950.0]
@@ -118,4 +118,4 @@ def test_history_writes_markdown_and_png(bench, tmp_path):
 def test_bench_is_a_dflash_command():
     from dflash.cli import COMMANDS
 
-    assert COMMANDS["bench"][0] == "dflash.bench.cli"
+    assert COMMANDS["bench"][0] == "dflash.bench.bench_cli"

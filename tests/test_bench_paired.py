@@ -12,7 +12,7 @@ import pytest
 from bench_fakes import make_record, scaled
 from test_bench_cli import BASE, parse
 
-from dflash.bench import cli
+from dflash.bench import bench_cli as cli
 from dflash.bench.compare import compare
 from dflash.bench.paired import median_interval, paired_verdict
 from dflash.bench.runner import DECISIVE_PAIRS, decisive

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dflash import gpu_check
+from dflash import gpu_check, gpu_check_cli
 from dflash.bench.workloads import get_workload
 
 
@@ -41,7 +41,7 @@ def test_failures_are_rows_and_the_json_line_is_last(monkeypatch, capsys):
     monkeypatch.setattr(gpu_check, "check_record", lambda *a: {**ok, "ok": False})
     monkeypatch.setattr(gpu_check, "check_pipeline", lambda *a: ok)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
-    rc = gpu_check.run(argparse.Namespace(dry_run=False, store=None, json_out=None))
+    rc = gpu_check_cli.run(argparse.Namespace(dry_run=False, store=None, json_out=None))
     out = capsys.readouterr().out.strip().splitlines()
     result = json.loads(out[-1])
     assert rc == 1 and result["ok"] is False and result["dry_run"] is False

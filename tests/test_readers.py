@@ -177,7 +177,7 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def demo_target(tmp_path_factory):
     """A demo-style target directory, as `dflash demo` writes it (tiny and fast)."""
-    from dflash.demo.target import build_target
+    from dflash.demo.tiny_lm import build_target
 
     corpus = [
         {"prompt": f"What is {a} plus {b}?", "response": f"{a} plus {b} is {a + b}."}

@@ -125,7 +125,7 @@ def decoded(zlab_python, tmp_path_factory):
     """One demo-recipe run decoded by `dflash eval` and, in one subprocess, by z-lab."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dflash.demo.run import prepare, train_drafter
+    from dflash.demo.stages import prepare, train_drafter
     from dflash.evaluate import load_prompts
     from dflash.target import eos_ids_of
 

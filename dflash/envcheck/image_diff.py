@@ -47,12 +47,6 @@ class Side:
         return out
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    diff = sub.add_parser("diff", help="what differs between two images (or venvs, manifests)")
-    add_diff_arguments(diff, images=True)
-
-
 def add_diff_arguments(parser: argparse.ArgumentParser, images: bool) -> None:
     what = "image ref, venv directory or manifest file" if images else "manifest file or venv"
     parser.add_argument("a", metavar="A", help=what)
@@ -167,7 +161,3 @@ def run_diff(args: argparse.Namespace, prog: str, images: bool) -> int:
     else:
         print("\n".join(render(result)))
     return 1 if result["differ"] else 0
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_diff(args, "dflash image diff", images=True)

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from dflash.demo.recipe import cache_root
-    from dflash.demo.run import run_demo
+    from dflash.demo.stages import run_demo
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -30,7 +30,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def prepare(recipe: Recipe, cache: Path, log=print) -> dict[str, Path]:
     """The cached target directory, its regenerated data and the held-out prompts."""
-    from dflash.demo.target import build_target
+    from dflash.demo.tiny_lm import build_target
     from dflash.regen import LocalGenerator, regenerate
 
     root = cache / recipe.cache_key()
