@@ -307,7 +307,7 @@ def collect_distributions(samples: SampleCache | None = None) -> dict[str, Any]:
             stat_lines.append(f"{rel}\0{st.st_size}\0{int(st.st_mtime)}\n")
             if size is not None and st.st_size != size:
                 resized.append([rel, st.st_size, size])
-            if is_shared_lib(rel):
+            if ".so" in rel and is_shared_lib(rel):  # the test first: no call for most rows
                 libs.append(rel)
                 lib_stats[full] = st
         stat_digest = hashlib.sha256("".join(stat_lines).encode()).hexdigest()
