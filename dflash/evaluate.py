@@ -51,7 +51,7 @@ def load_pair(target_dir: str, drafter_dir: str, device: str = "cpu", drafter_st
     if drafter_state is not None:
         drafter.load_state_dict(drafter_state)
     check_pair(model, tok, drafter, target_dir, drafter_dir)
-    return model.to(device).eval(), tok, drafter.to(device).eval()
+    return model.to(device).eval(), tok, drafter.to(device).eval()  # type: ignore[arg-type]
 
 
 def check_pair(model, tok, drafter, target_dir: str = "target", drafter_dir: str = "drafter"):

@@ -79,7 +79,7 @@ def draw(probs: Tensor, generator: torch.Generator) -> Tensor:
 
 
 def rejection_step(
-    drafts: Tensor, q: Tensor, p: Tensor, generator: torch.Generator
+    drafts: Tensor, q: Tensor | None, p: Tensor, generator: torch.Generator
 ) -> tuple[int, int]:
     """Standard speculative sampling (Leviathan et al. 2023; Chen et al. 2023) for one block.
 
@@ -88,10 +88,12 @@ def rejection_step(
     is for slot i+1, p[bs-1] is the bonus position). Draft i is accepted with probability
     min(1, p[i][x] / q[i][x]); at the first rejection the replacement is drawn from
     norm(max(0, p[i] - q[i])); after a fully accepted block the bonus is drawn from
-    p[bs-1]. Returns (accepted drafts, the token appended after them).
+    p[bs-1]. Returns (accepted drafts, the token appended after them). q is None only
+    when there is nothing drafted (block size 1).
     """
     n = drafts.shape[0]
     if n:
+        assert q is not None, "drafts need their proposal distribution q"
         px = p[:-1].gather(1, drafts[:, None])[:, 0]
         qx = q.gather(1, drafts[:, None])[:, 0]
         u = torch.rand(n, generator=generator, device=p.device, dtype=p.dtype)
@@ -101,6 +103,7 @@ def rejection_step(
         n_acc = 0
     if n_acc == n:
         return n_acc, int(draw(p[-1:], generator)[0])
+    assert q is not None  # n_acc < n: something was drafted and rejected
     residual = (p[n_acc] - q[n_acc]).clamp_min(0)
     # All-zero only when p == q (then a rejection has probability 0; rounding aside).
     dist = residual if float(residual.sum()) > 0 else p[n_acc]

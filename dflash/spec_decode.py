@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -86,14 +87,15 @@ class CachedDrafter:
     def __init__(self, drafter: DFlashDraftModel, embed_tokens, lm_head):
         if "sliding_attention" in drafter.config.layer_types:
             raise ValueError("eval does not support drafters with sliding-window layers")
-        self.d = drafter
+        self.d: Any = drafter  # DFlashDraftModel; its layers are read directly
         self.embed_tokens = embed_tokens
         self.lm_head = lm_head
         self.reset()
 
     def reset(self) -> None:
-        self.k: list[Tensor | None] = [None] * len(self.d.layers)
-        self.v: list[Tensor | None] = [None] * len(self.d.layers)
+        # Per layer, [1, kv heads, S, D] once something is committed (None before).
+        self.k: list[Any] = [None] * len(self.d.layers)
+        self.v: list[Any] = [None] * len(self.d.layers)
 
     @property
     def length(self) -> int:
@@ -211,34 +213,37 @@ def speculative_generate(
     if block_size > 1 and drafter is None:
         raise ValueError("block_size > 1 needs a drafter")
     dev = target.model.device
-    sample = sampling is not None and not sampling.greedy
-    if sample and generator is None:
-        generator = sampling.generator(dev)
+    rule = sampling if sampling is not None and not sampling.greedy else None
+    if rule is not None and generator is None:
+        generator = rule.generator(dev)
     t0 = time.perf_counter()
     target.reset()
     if drafter is not None:
         drafter.reset()
-    if sample:
+    if rule is not None:
+        assert generator is not None
         logits, feats = target.forward(torch.tensor([prompt_ids], device=dev))
-        out = [int(draw(sampling.probs(logits[-1:]), generator)[0])]
+        out = [int(draw(rule.probs(logits[-1:]), generator)[0])]
     else:
         nxt, feats = target(torch.tensor([prompt_ids], device=dev))
         out = [int(nxt[-1])]
     steps = []
-    if block_size > 1:
+    if drafter is not None and block_size > 1:
         drafter.extend(feats, torch.arange(len(prompt_ids), device=dev).unsqueeze(0))
     while not _finish(out, max_new_tokens, eos_ids)[1]:
         pos = len(prompt_ids) + len(out) - 1  # position of the anchor (last committed)
-        if sample:
-            if block_size > 1:
-                block, q = drafter.sample(out[-1], pos, block_size, sampling, generator)
+        if rule is not None:
+            assert generator is not None
+            q: Tensor | None = None
+            if drafter is not None and block_size > 1:
+                block, q = drafter.sample(out[-1], pos, block_size, rule, generator)
             else:
-                block, q = torch.tensor([out[-1]], device=dev), None
+                block = torch.tensor([out[-1]], device=dev)
             logits, feats = target.forward(block.unsqueeze(0))
             # Looked up at call time: the distribution test swaps in a wrong rule here.
-            n_acc, nxt_tok = rejection_step(block[1:], q, sampling.probs(logits), generator)
+            n_acc, nxt_tok = rejection_step(block[1:], q, rule.probs(logits), generator)
         else:
-            if block_size > 1:
+            if drafter is not None and block_size > 1:
                 block = drafter.propose(out[-1], pos, block_size)
             else:
                 block = torch.tensor([out[-1]], device=dev)
@@ -248,7 +253,7 @@ def speculative_generate(
         out += block[1 : 1 + n_acc].tolist() + [nxt_tok]
         steps.append(n_acc)
         target.crop(pos + n_acc + 1)  # keep the anchor and the accepted drafts
-        if block_size > 1:
+        if drafter is not None and block_size > 1:
             committed = torch.arange(pos, pos + n_acc + 1, device=dev).unsqueeze(0)
             drafter.extend(feats[:, : n_acc + 1], committed)
     return DecodeResult(_finish(out, max_new_tokens, eos_ids)[0], steps, time.perf_counter() - t0)
