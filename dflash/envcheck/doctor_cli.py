@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         probes = None  # run_doctor tries again and reports why as a finding
 
     from .doctor import run_doctor
-    from .report import render_human, render_json
+    from .doctor_report import render_human, render_json
 
     report = run_doctor(
         python=args.python,

@@ -62,7 +62,7 @@ def preflight(
             if f.severity == "warning":
                 log(f"  warning {f.code}: {f.message}")
         return record
-    from .report import render_human
+    from .doctor_report import render_human
 
     text = render_human(report, show_info=False)
     if not allow_dirty:
