@@ -19,10 +19,14 @@ setup:
 # Python sources under the quality gate, named (ruff's default excludes skip folders like `dist`)
 src := "dflash bench images tests"
 
+# Type-checked sources: the product and its scripts (tests are checked by running them)
+typed := "dflash bench images"
+
 # Lint, format and type check (the one quality gate, same here and in CI)
 check: setup
     {{run}} ruff check {{src}}
     {{run}} ruff format --check {{src}}
+    {{run}} mypy {{typed}}
 
 # Quality gate, then the whole test suite (pass extra pytest args after `test`)
 test *ARGS: check

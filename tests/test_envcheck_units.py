@@ -15,10 +15,10 @@ from test_envcheck_fakes import SITE, context, dist, static
 from dflash.envcheck import caches, probe, probe_gpu
 from dflash.envcheck.cuda import cuda_major_of, decode_reasons, driver_verdict, torch_cuda_major
 from dflash.envcheck.doctor import Report, run_doctor
+from dflash.envcheck.doctor_report import render_human
 from dflash.envcheck.findings import Finding
 from dflash.envcheck.fingerprint import build_manifest, components_from_probe, fingerprint
 from dflash.envcheck.manifest_diff import diff_manifests, summarize_diff
-from dflash.envcheck.doctor_report import render_human
 
 # The package exports the preflight *function* under the same name as its module.
 preflight_mod = importlib.import_module("dflash.envcheck.preflight")
