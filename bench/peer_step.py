@@ -163,6 +163,9 @@ def worker_ours(scratch: Path, out: Path, profile: str | None = None) -> None:
     t0 = time.perf_counter()
     import torch
 
+    # transformers' import (seconds) belongs to "import", as in speculators' worker.
+    import transformers.models.qwen3.modeling_qwen3  # noqa: F401
+
     from dflash.data.packing import PackedBatch
     from dflash.step import FeatureBatch, train_step
 
