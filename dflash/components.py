@@ -6,6 +6,7 @@ together per role; nothing else calls them in a different order.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -86,14 +87,21 @@ def load_target(
 
 
 def build_drafter(cfg: TrainConfig, target: TargetFeatures, tokenizer) -> DFlashDraftModel:
+    """--arch's drafter over `target`, initialised from --seed."""
     mask_id = choose_mask_token_id(len(tokenizer), target.vocab_size, cfg.mask_token_id)
-    dcfg = make_draft_config(
-        target.config,
+    shapes: dict[str, Any] = dict(
         num_layers=cfg.draft_layers,
         block_size=cfg.block_size,
         mask_token_id=mask_id,
         target_layer_ids=target.layer_ids,
     )
+    if cfg.arch == "dflash2":
+        from dflash.model_dflash2 import DFlash2DraftModel, make_dflash2_config
+
+        dcfg = make_dflash2_config(target.config, settings=cfg.dflash2_settings(), **shapes)
+        torch.manual_seed(cfg.seed)
+        return DFlash2DraftModel(dcfg)
+    dcfg = make_draft_config(target.config, **shapes)
     torch.manual_seed(cfg.seed)
     return DFlashDraftModel(dcfg)
 
@@ -148,6 +156,7 @@ def build_draft_step(cfg: TrainConfig, drafter, target, device: torch.device, at
         loss_chunk=cfg.loss_chunk,
         attn=attn,
         create_block_mask_fn=create_fn,
+        selector_alpha=cfg.selector_alpha,
     )
     if cfg.compile:
         # Main thread, static shapes (fixed token budget and max_anchors): compiled once.

@@ -12,6 +12,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from dflash.export_dflash2 import DEFAULT_ALPHA, DFlash2Settings
+
 # The tiny target: a random-weight Qwen3 small enough for CPU tests. Vocabulary comes
 # from the locally built tokenizer, rounded up so padded rows exist (mask token rule).
 TINY_TARGET: dict[str, Any] = dict(
@@ -55,6 +57,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
+    "arch": ("dflash", "dflash2"),
     "attn": ("auto", "sdpa", "flex"),
     "device": ("auto", "cpu", "cuda"),
     "wandb": ("offline", "online", "off"),
@@ -114,6 +117,27 @@ class TrainConfig:
     block_size: int = _from_preset("drafter block size")
     max_anchors: int = _from_preset("anchors per row (static shape)")
     draft_layers: int = _from_preset("drafter decoder layers")
+    arch: str = field(
+        default="dflash",
+        metadata={"help": "dflash | dflash2: in-block convolutions + candidate selector"},
+    )
+    # DFlash2 sizes (docs/dflash2.md); defaults: the published drafters'.
+    conv_kernel_size: int = field(
+        default=DFlash2Settings.conv_kernel_size, metadata={"help": "dflash2: taps per conv"}
+    )
+    conv_group_size: int = field(
+        default=DFlash2Settings.conv_group_size,
+        metadata={"help": "dflash2: channels sharing one dynamic tap"},
+    )
+    selector_rank: int = field(
+        default=DFlash2Settings.selector_rank, metadata={"help": "dflash2: codebook rank"}
+    )
+    selector_top_k: int = field(
+        default=DFlash2Settings.selector_top_k, metadata={"help": "dflash2: candidates per slot"}
+    )
+    selector_alpha: float = field(
+        default=DEFAULT_ALPHA, metadata={"help": "dflash2: weight of the selector loss"}
+    )
     num_target_features: int = field(default=5, metadata={"help": "target layers fused"})
     mask_token_id: int | None = field(default=None, metadata={"help": "override mask row"})
     lr: float = _from_preset("peak learning rate")
@@ -191,6 +215,16 @@ class TrainConfig:
         for name in ("save_every", "targets", "drafters", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.arch == "dflash2":
+            from dflash.export import DrafterConfigError
+
+            try:
+                self.dflash2_settings()
+            except DrafterConfigError as e:  # "DFlash2 conv_group_size: ..." names the key
+                key = str(e).split()[1].rstrip(":")
+                raise ConfigError(key, str(e).split(": ", 1)[1]) from None
+        if self.selector_alpha < 0:
+            raise ConfigError("selector_alpha", f"must be >= 0, got {self.selector_alpha}")
         if self.max_in_flight < 1:
             raise ConfigError("max_in_flight", f"must be >= 1, got {self.max_in_flight}")
         if self.dist_timeout <= 0:
@@ -201,6 +235,11 @@ class TrainConfig:
         from dflash.loss import default_gamma
 
         return self.loss_gamma if self.loss_gamma is not None else default_gamma(self.block_size)
+
+    def dflash2_settings(self) -> DFlash2Settings:
+        return DFlash2Settings(
+            self.conv_kernel_size, self.conv_group_size, self.selector_rank, self.selector_top_k
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

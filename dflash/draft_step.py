@@ -11,7 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from dflash.data.packing import PackedBatch
+from dflash.export_dflash2 import DEFAULT_ALPHA
 from dflash.loss import block_targets, chunked_loss
+from dflash.loss_dflash2 import dflash2_loss
 from dflash.model import DFlashDraftModel
 from dflash.visibility import dense_mask, flex_block_mask
 
@@ -27,6 +29,7 @@ class DraftStep(nn.Module):
         loss_chunk: int,
         attn: str,  # "sdpa" (dense bool mask) or "flex" (BlockMask)
         create_block_mask_fn=None,  # compiled create_block_mask on GPU / --compile
+        selector_alpha: float = DEFAULT_ALPHA,  # DFlash2: weight of the selector loss
     ):
         super().__init__()
         self.drafter = drafter
@@ -38,6 +41,7 @@ class DraftStep(nn.Module):
         self.loss_chunk = loss_chunk
         self.attn = attn
         self.create_fn = create_block_mask_fn
+        self.selector_alpha = selector_alpha
         cfg = drafter.config
         self.window = cfg.sliding_window if "sliding_attention" in cfg.layer_types else None
 
@@ -79,4 +83,10 @@ class DraftStep(nn.Module):
         targets = block_targets(
             batch.input_ids, batch.loss_mask, anchors, anchor_valid, self.block_size, self.gamma
         )
+        selector = getattr(self.drafter, "candidate_selector", None)  # DFlash2 only
+        if selector is not None:
+            return dflash2_loss(
+                hidden, self.lm_head, selector, targets, self.block_size,
+                alpha=self.selector_alpha, chunk_size=self.loss_chunk,
+            )  # fmt: skip
         return chunked_loss(hidden, self.lm_head, targets, self.block_size, self.loss_chunk)

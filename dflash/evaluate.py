@@ -37,13 +37,15 @@ def load_pair(target_dir: str, drafter_dir: str, device: str = "cpu", drafter_st
     `drafter_state` (a state dict, e.g. from a training checkpoint) replaces the
     exported drafter weights: used to evaluate intermediate checkpoints.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from dflash.model import DFlashDraftModel
+    from dflash.model_dflash2 import drafter_class
 
     # The drafter first: its config is normalised by dflash.export, and a config that
-    # readers would build differently is refused before the (large) target loads.
-    drafter = DFlashDraftModel.from_pretrained(drafter_dir, dtype=torch.float32)
+    # readers would build differently is refused before the (large) target loads. Its
+    # `architectures` picks the class (DFlash or DFlash2).
+    config = AutoConfig.from_pretrained(drafter_dir, local_files_only=True)
+    drafter = drafter_class(config).from_pretrained(drafter_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         target_dir, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
@@ -52,6 +54,18 @@ def load_pair(target_dir: str, drafter_dir: str, device: str = "cpu", drafter_st
         drafter.load_state_dict(drafter_state)
     check_pair(model, tok, drafter, target_dir, drafter_dir)
     return model.to(device).eval(), tok, drafter.to(device).eval()  # type: ignore[arg-type]
+
+
+def cached_drafter(drafter, embed_tokens, lm_head) -> CachedDrafter:
+    """Decode-time drafting for `drafter`'s architecture (DFlash2 adds its convolutions
+    and the candidate selector)."""
+    from dflash.model_dflash2 import DFlash2DraftModel
+
+    if isinstance(drafter, DFlash2DraftModel):
+        from dflash.decode_dflash2 import CachedDFlash2Drafter
+
+        return CachedDFlash2Drafter(drafter, embed_tokens, lm_head)
+    return CachedDrafter(drafter, embed_tokens, lm_head)
 
 
 def check_pair(model, tok, drafter, target_dir: str = "target", drafter_dir: str = "drafter"):
@@ -157,7 +171,7 @@ def evaluate(
     check_sampling(sampling, check_lossless)
     layer_ids = drafter.target_layer_ids
     target = CachedTarget(model, layer_ids)
-    cached = CachedDrafter(drafter, model.get_input_embeddings(), model.get_output_embeddings())
+    cached = cached_drafter(drafter, model.get_input_embeddings(), model.get_output_embeddings())
     eos = eos_ids_of(tok, model)
     hist = [0] * block_size
     n_tokens, seconds, mismatches, rows = 0, 0.0, [], []

@@ -27,6 +27,8 @@ from dflash.export import DrafterConfigError
 
 ARCHITECTURE = "DFlash2DraftModel"
 KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# The selector loss weight: speculators --selector-loss-alpha and NeMo selector_loss_weight.
+DEFAULT_ALPHA = 1.0
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from dflash.export_dflash2 import DEFAULT_ALPHA
 from dflash.loss import BlockTargets, chunked_loss
 from dflash.model_dflash2 import CandidateSelector
-
-DEFAULT_ALPHA = 1.0  # speculators --selector-loss-alpha and NeMo selector_loss_weight
 
 
 def predecessors(labels: Tensor, block_size: int) -> Tensor:

@@ -57,7 +57,16 @@ def test_demo_end_to_end_quick(tmp_path):
         or (target / "chat_template.jinja").exists()
     )
 
-    rc, stdout = _demo("--out", str(tmp_path / "run2"), "--cache-dir", str(cache))
-    assert rc == 0
+    # The second run also trains a DFlash2 drafter on the same data and budget.
+    rc, stdout = _demo(
+        "--out", str(tmp_path / "run2"), "--cache-dir", str(cache), "--arch", "dflash2"
+    )
+    assert rc == 0, stdout
     assert "reusing cached target" in stdout
     assert f'"skipped": {QUICK.regen_prompts}, "written": 0' in stdout
+    s2 = json.loads(stdout.strip().splitlines()[-1])
+    two = s2["dflash2"]
+    assert two["lossless"] is True and 1.0 <= two["tau"] <= QUICK.block_size
+    assert f"tau {two['tau']:.2f} vs {s2['tau']:.2f}" in stdout  # side by side
+    cfg = json.loads((tmp_path / "run2" / "train-dflash2" / "drafter" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"]

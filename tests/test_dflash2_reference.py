@@ -4,7 +4,9 @@ and the same greedy speculative decode, step by step, draft by draft.
 
 Tiny DFlash2 drafters are built from config with random weights (fixed seed; every
 tensor random, so the convolutions and the selector are far from their identity init),
-exported with save_pretrained, and loaded by their decoder in its own environment
+then trained for TRAIN_STEPS steps by the trainer's own step (dflash.step.train_step:
+DraftStep with the DFlash2 loss, AdamW) and exported by the trainer's own export
+(dflash.checkpoint.export_drafter), and loaded by their decoder in its own environment
 (tests/isolated_env.py, the pins of tests/test_reference_decoder.py): one with full
 attention layers, and one with a sliding-window layer (as the published drafters have).
 
@@ -12,8 +14,8 @@ Forward: our packed training layout (three blocks in one call, dflash.visibility
 masks) against their decode-time forward of each block alone, with the context that
 block may see; and one short block (their last block near max_new_tokens).
 Decode (the full-attention drafter; eval refuses sliding ones): a random tiny target,
-ours = dflash.spec_decode.speculative_generate with dflash.decode_dflash2.
-CachedDFlash2Drafter, theirs = dflash_generate.
+ours = dflash.spec_decode.speculative_generate with the drafter `dflash eval` picks
+(dflash.evaluate.cached_drafter), theirs = dflash_generate.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from isolated_env import isolated_python, run_json
 from safetensors.torch import load_file, save_file
 from test_reference_decoder import ZLAB_DECODER, ZLAB_PINS, committed_per_step
 
+from dflash.checkpoint import export_drafter
+
 DRIVER = Path(__file__).with_name("dflash2_reference_driver.py")
 BLOCK = 4
 ANCHORS = [3, 7, 10]  # three packed blocks over a 12-token context
@@ -35,6 +39,7 @@ SHORT = 3  # a block cut to 3 slots
 MAX_NEW_TOKENS = 24
 HOT = [11, 23, 57, 74]
 WINDOW = 5  # smaller than the context: the sliding layer's window bites
+TRAIN_STEPS = 3
 # Decoded: full attention (what `dflash eval` serves). Forward only: a sliding layer
 # (the published drafters slide; eval refuses sliding drafters).
 VARIANTS = {
@@ -89,9 +94,43 @@ def build(tmp: Path):
                     p.normal_(0.0, 1.0)
                 else:
                     p.normal_(0.0, 0.15)
-        drafter.save_pretrained(tmp / name)
-        drafters[name] = drafter
+        train_briefly(target, drafter, settings, tmp / f"run-{name}")
+        export_drafter(drafter, tmp / f"run-{name}")  # -> run-NAME/drafter/, as `dflash train`
+        drafters[name] = drafter.eval()
     return target, drafters
+
+
+def train_briefly(target, drafter, settings, out: Path) -> None:
+    """TRAIN_STEPS steps of the trainer's step on random packed rows of the target's
+    vocabulary (the Run is assembled by hand: the target is this test's, not a preset's)."""
+    from dflash.components import build_draft_step, build_optimizer
+    from dflash.config import TrainConfig
+    from dflash.data.random_stream import RandomStream
+    from dflash.run import Run
+    from dflash.step import train_step
+    from dflash.target import TargetFeatures
+
+    cfg = TrainConfig(
+        out=str(out), arch="dflash2", block_size=BLOCK, seq_len=32, max_anchors=4,
+        max_steps=TRAIN_STEPS, min_doc_len=8, max_doc_len=32, lr=1e-3, warmup_ratio=0.0, loss_gamma=2.0,
+        device="cpu", wandb="off", **settings.as_dict(),
+    )  # fmt: skip
+    features = TargetFeatures(target, drafter.target_layer_ids)
+    before = {k: v.clone() for k, v in drafter.state_dict().items()}
+    run = Run(cfg, "single", torch.device("cpu"), torch.float32, "sdpa", None, features)
+    run.drafter, run.step_fn = drafter, build_draft_step(cfg, drafter, features, run.device, "sdpa")
+    run.opt, run.sched = build_optimizer(cfg, drafter.parameters())
+    run.gen = torch.Generator()
+    run.stream = RandomStream(
+        vocab_size=drafter.mask_token_id, seq_len=32, seed=0, min_doc_len=8, max_doc_len=32
+    )
+    drafter.train()
+    for step in range(TRAIN_STEPS):
+        assert torch.isfinite(train_step(run, step).loss)
+    # The selector and the convolutions were trained too (the DFlash2 loss reached them).
+    moved = {k for k, v in drafter.state_dict().items() if not torch.equal(v, before[k])}
+    assert any("candidate_selector" in k for k in moved), moved
+    assert any("attention_conv" in k for k in moved), moved
 
 
 def masks(drafter, anchors: torch.Tensor, block_size: int):
@@ -154,20 +193,22 @@ def forward_cases(target, drafter):
 def our_decode(target_dir: Path, drafter, prompts):
     from transformers import AutoModelForCausalLM
 
-    from dflash.decode_dflash2 import CachedDFlash2Drafter
+    from dflash.evaluate import cached_drafter
     from dflash.spec_decode import CachedTarget, speculative_generate
 
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     target = CachedTarget(model, drafter.target_layer_ids)
     drafts: list[list[int]] = []
 
-    class Recording(CachedDFlash2Drafter):
-        def propose(self, anchor, anchor_pos, block_size):
-            block = super().propose(anchor, anchor_pos, block_size)
-            drafts.append(block[1:].tolist())
-            return block
+    cached = cached_drafter(drafter, model.get_input_embeddings(), model.lm_head)
+    propose = cached.propose
 
-    cached = Recording(drafter, model.get_input_embeddings(), model.lm_head)
+    def recording(anchor, anchor_pos, block_size):  # observation only
+        block = propose(anchor, anchor_pos, block_size)
+        drafts.append(block[1:].tolist())
+        return block
+
+    cached.propose = recording  # type: ignore[method-assign]
     rows = []
     for ids in prompts:
         drafts.clear()
@@ -193,7 +234,7 @@ def compared(tmp_path_factory):
     for name, drafter in drafters.items():
         cases, ours[name] = forward_cases(target, drafter)
         save_file({k: v.clone().contiguous() for k, v in cases.items()}, root / f"{name}.in")
-        spec = {"path": str(root / name), "inputs": str(root / f"{name}.in")}
+        spec = {"path": str(root / f"run-{name}" / "drafter"), "inputs": str(root / f"{name}.in")}
         spec.update(outputs=str(root / f"{name}.out"), cases=len(ours[name]))
         specs.append({**spec, "decode": name == "drafter"})
     g = torch.Generator().manual_seed(2)
@@ -222,7 +263,7 @@ def compared(tmp_path_factory):
 @pytest.mark.parametrize("name", VARIANTS)
 def test_zlab_reads_the_export_completely(compared, name):
     reading = compared["ref"][name]["reading"]
-    conf = json.loads((compared["root"] / name / "config.json").read_text())
+    conf = json.loads((compared["root"] / f"run-{name}" / "drafter" / "config.json").read_text())
     assert reading["loading"] == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
     assert reading["drafter_class"] == conf["architectures"][0] == "DFlash2DraftModel"
     dcfg = conf["dflash_config"]

@@ -22,6 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--recipe", default="default", choices=sorted(RECIPES))
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--arch",
+        default="dflash",
+        choices=("dflash", "dflash2"),
+        help="dflash2: also train a DFlash2 drafter on the same data and budget, and "
+        "report its tau next to DFlash's",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"dflash demo: {out} is not empty; choose another --out", file=sys.stderr)
         return 2
     try:
-        s = run_demo(RECIPES[args.recipe], cache_root(args.cache_dir), out)
+        s = run_demo(RECIPES[args.recipe], cache_root(args.cache_dir), out, args.arch)
     except KeyboardInterrupt:
         print(
             "dflash demo: interrupted; run it again: the cached target and regenerated data "
@@ -58,5 +65,13 @@ def run(args: argparse.Namespace) -> int:
         f" --prompts {s['eval_prompts']} --limit {s['prompts']}"
         f" --max-new-tokens {s['recipe']['eval_max_new_tokens']} --check-lossless"
     )
+    two = s.get(args.arch) if args.arch != "dflash" else None
+    if two is not None:
+        print(
+            f"[demo] {args.arch} vs dflash, same data and {s['recipe']['draft_steps']} steps: "
+            f"tau {two['tau']:.2f} vs {s['tau']:.2f} at block size {bs}"
+            f" | speedup {two['speedup']:.2f}x vs {s['speedup']:.2f}x"
+            f" | lossless: {'PASS' if two['lossless'] else 'FAIL'}"
+        )
     print(json.dumps({k: s[k] for k in s if k != "recipe"}))
-    return 0 if s["lossless"] else 4
+    return 0 if s["lossless"] and (two is None or two["lossless"]) else 4

@@ -78,13 +78,17 @@ def prepare(recipe: Recipe, cache: Path, log=print) -> dict[str, Path]:
     return paths
 
 
-def train_drafter(recipe: Recipe, paths: dict[str, Path], run_dir: Path) -> Path:
+def train_drafter(
+    recipe: Recipe, paths: dict[str, Path], run_dir: Path, arch: str = "dflash"
+) -> Path:
     from dflash.config import TrainConfig
     from dflash.train import train
 
     every = max(1, recipe.draft_steps // recipe.checkpoints)
+    out = run_dir / ("train" if arch == "dflash" else f"train-{arch}")
     cfg = TrainConfig(
-        out=str(run_dir / "train"),
+        out=str(out),
+        arch=arch,
         preset="tiny",
         target=str(paths["target"]),
         data=str(paths["data"]),
@@ -105,7 +109,7 @@ def train_drafter(recipe: Recipe, paths: dict[str, Path], run_dir: Path) -> Path
     )
     if train(cfg)["interrupted"]:
         raise KeyboardInterrupt  # the cached target and data survive; a rerun reuses them
-    return run_dir / "train"
+    return out
 
 
 def tau_curve(recipe: Recipe, paths: dict[str, Path], train_dir: Path) -> list[tuple[int, float]]:
@@ -133,7 +137,9 @@ def tau_curve(recipe: Recipe, paths: dict[str, Path], train_dir: Path) -> list[t
     return points
 
 
-def final_eval(recipe: Recipe, paths: dict[str, Path], train_dir: Path, run_dir: Path) -> dict:
+def final_eval(
+    recipe: Recipe, paths: dict[str, Path], train_dir: Path, out_path: Path
+) -> dict[str, Any]:
     from dflash.evaluate import evaluate, load_pair, load_prompts
 
     model, tok, drafter = load_pair(str(paths["target"]), str(train_dir / "drafter"))
@@ -147,11 +153,13 @@ def final_eval(recipe: Recipe, paths: dict[str, Path], train_dir: Path, run_dir:
         max_new_tokens=recipe.eval_max_new_tokens,
         check_lossless=True,
         speedup_prompts=min(recipe.speedup_prompts, len(prompts)),
-        out_path=str(run_dir / "eval.jsonl"),
+        out_path=str(out_path),
     )
 
 
-def run_demo(recipe: Recipe, cache: Path, run_dir: Path) -> dict[str, Any]:
+def run_demo(recipe: Recipe, cache: Path, run_dir: Path, arch: str = "dflash") -> dict[str, Any]:
+    """The demo; `arch="dflash2"` also trains a DFlash2 drafter on the same data with the
+    same budget and evaluates it on the same prompts ("dflash2" in the summary)."""
     from dflash.plots import plot_run
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -168,8 +176,18 @@ def run_demo(recipe: Recipe, cache: Path, run_dir: Path) -> dict[str, Any]:
     with torch.inference_mode():
         points = tau_curve(recipe, paths, train_dir)
         lap("tau_curve_s")
-        summary = final_eval(recipe, paths, train_dir, run_dir)
+        summary = final_eval(recipe, paths, train_dir, run_dir / "eval.jsonl")
     lap("eval_s")
+    second = None
+    if arch != "dflash":
+        second_dir = train_drafter(recipe, paths, run_dir, arch)
+        lap(f"train_{arch}_s")
+        with torch.inference_mode():
+            s2 = final_eval(recipe, paths, second_dir, run_dir / f"eval-{arch}.jsonl")
+        lap(f"eval_{arch}_s")
+        keys = ("tau", "accept_hist", "lossless", "speedup", "prompts", "block_size")
+        second = {"arch": arch, "drafter": str(second_dir / "drafter")}
+        second |= {k: s2[k] for k in keys}
     plot = plot_run(train_dir, points, run_dir / "demo.png", recipe.block_size)
     summary |= {
         "tau_curve": points,
@@ -184,5 +202,7 @@ def run_demo(recipe: Recipe, cache: Path, run_dir: Path) -> dict[str, Any]:
         "cpu_s": round(time.process_time() - c0, 1),
         "recipe": recipe.to_dict(),
     }
+    if second is not None:
+        summary[arch] = second
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
