@@ -37,10 +37,11 @@ def _reference_loss(hidden, head, targets):
     return (ce * w).sum() / w.sum()
 
 
+@pytest.mark.parametrize("frozen", [True, False], ids=["frozen-head", "trainable-head"])
 @pytest.mark.parametrize("chunk", [3, 7, 1000])
-def test_chunked_equals_full_loss_and_grad(chunk):
+def test_chunked_equals_full_loss_and_grad(chunk, frozen):
     torch.manual_seed(0)
-    head = nn.Linear(16, 50, bias=False)
+    head = nn.Linear(16, 50, bias=False).requires_grad_(not frozen)
     ids = torch.randint(0, 50, (2, 20))
     lm = torch.rand(2, 20) > 0.2
     anchors = torch.tensor([[0, 5, 9], [2, 8, 0]])
@@ -54,6 +55,8 @@ def test_chunked_equals_full_loss_and_grad(chunk):
     loss.backward()
     ref.backward()
     torch.testing.assert_close(h1.grad, h2.grad)
+    if not frozen:  # a trainable head gets its gradient too (the checkpointed path)
+        assert head.weight.grad is not None
     assert stats["count"][0] == 0 and stats["count"].sum() == t.counted.sum()
 
 
