@@ -140,3 +140,48 @@ def test_bisect_names_the_one_slow_package(root, inert):  # noqa: F811
     tail = out.split("minimal set that reproduces the slowdown:")[1].split()
     assert tail[:3] == ["+", "busy-telemetry", "1.0"] and len(tail) == 3, out
     shutil.rmtree(bad, ignore_errors=True)
+
+
+def test_variable_changes_and_their_subsets():
+    from dflash.bench.bisect import VAR, _assignments, subset_variables, variable_changes
+    from dflash.bench.envsplice import SpliceError
+
+    good = {"OMP_NUM_THREADS": "2", "MKL_X": "1"}
+    bad = {"OMP_NUM_THREADS": "1", "TORCH_Y": "on"}
+    found = {str(c) for c in variable_changes(good, bad)}
+    assert found == {"~ $OMP_NUM_THREADS 2 -> 1", "- $MKL_X 1", "+ $TORCH_Y on"}
+    every = variable_changes(good, bad)
+    assert subset_variables(good, every) == bad  # all of them: BAD's variables
+    only = [c for c in every if c.name == VAR + "TORCH_Y"]
+    assert subset_variables(good, only) == {**good, "TORCH_Y": "on"}
+    assert _assignments(["A=1", "B=x=y"], "--bad-env") == {"A": "1", "B": "x=y"}
+    with pytest.raises(SpliceError, match="--bad-env 'nope': expected NAME=VALUE"):
+        _assignments(["nope"], "--bad-env")
+
+
+@pytest.mark.slow
+def test_bisect_record_ids_and_variables_names_the_slow_setting(root):  # noqa: F811
+    """GOOD and BAD are a bench record id (its stored lock rebuilt as a venv); BAD's runs
+    add two variables, one harmless and one that makes every allocation an mmap (measured
+    about 2x slower on tiny-cpu): the bisection names that one."""
+    from bench_fakes import make_record
+
+    from dflash.bench.lockenv import save_lock
+    from dflash.bench.store import Store
+
+    store = Store(root / "store")
+    rec = make_record([100.0, 101.0, 99.0])
+    rec["environment"]["lock"] = save_lock(store.root, REPO / "uv.lock")
+    store.add(rec)
+    slow_malloc = "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4096"
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "dflash"), "bench", "bisect", rec["id"], rec["id"][:12],
+         "--bad-env", slow_malloc, "--bad-env", "TORCH_BISECT_INERT=1",
+         "--steps", "6", "--store", str(store.root)],
+        capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr[-3000:]
+    assert "2 differences" in out and "+ $TORCH_BISECT_INERT 1" in out
+    tail = out.split("minimal set that reproduces the slowdown:")[1].split()
+    assert tail == ["+", "$GLIBC_TUNABLES", slow_malloc.split("=", 1)[1]], out

@@ -3,7 +3,7 @@
   dflash bench run [--workload tiny-cpu] [--repeats N] [--image IMG] [--store DIR]
   dflash bench accept [RECORD] [--workload W] [--reason TEXT] [--force]
   dflash bench compare BASELINE CURRENT      (record ids or files)
-  dflash bench bisect GOOD BAD               (venvs: the changes that slow training)
+  dflash bench bisect GOOD BAD               (venvs or record ids: the changes that slow training)
   dflash bench history [--workload W] [--out DIR]
   dflash bench list [--workload W]
 Exit codes: 0 pass / improvement / no baseline yet, 1 regression, 3 refused

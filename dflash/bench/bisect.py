@@ -1,8 +1,11 @@
 """`dflash bench bisect GOOD BAD`: the smallest part of an environment change that
 makes training slower.
 
-GOOD and BAD are environments (venv directories or interpreters). Their difference is
-a set of distribution changes (envsplice.py); delta debugging (Zeller's ddmin) then
+GOOD and BAD are environments: venv directories, interpreters, or bench record ids (the
+record's stored lock rebuilt as a venv, lockenv.py, with the speed-relevant variables
+recorded for it). Their difference is a set of distribution changes (envsplice.py) and
+of speed-relevant variables (`$NAME`: the record's, or the current ones with
+`--good-env/--bad-env NAME=VALUE`); delta debugging (Zeller's ddmin) then
 measures environments that apply subsets of it onto GOOD, each one paired against GOOD
 itself in the same run (runner.run_pairs, paired.py), and narrows the set to a minimal
 one that still reproduces the slowdown: removing any single change from it makes the
@@ -27,9 +30,89 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from dflash.bench.envsplice import Change, differences, inventory, python_of, splice
+from dflash.bench.envsplice import Change, SpliceError, differences, inventory, python_of, splice
+
+VAR = "$"  # a Change whose name starts with it is a variable, not a distribution
+
+
+@dataclass
+class Side:
+    """One end of the bisection: an interpreter and the variables its runs have."""
+
+    python: Path
+    variables: dict[str, str]
+    origin: str
+
+
+def _assignments(pairs: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for item in pairs or []:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise SpliceError(f"{flag} {item!r}: expected NAME=VALUE")
+        out[name] = value
+    return out
+
+
+def resolve_side(ref: str, extra_vars: dict[str, str], store, log) -> Side:
+    """A venv or interpreter (with the current speed-relevant variables), or a record id
+    (its lock's venv, built on first use, and its recorded variables)."""
+    from dflash.bench.worker import relevant_variables
+
+    try:
+        return Side(python_of(ref), {**relevant_variables(), **extra_vars}, ref)
+    except SpliceError as not_env:
+        from dflash.bench.lockenv import lock_env
+        from dflash.bench.store import BenchInputError
+
+        try:
+            rec = store.find(ref)
+        except BenchInputError:
+            raise SpliceError(f"{not_env}, nor a bench record id in {store.root}") from None
+        env = rec.get("environment", {})
+        lock = env.get("lock")
+        if not lock:
+            raise SpliceError(
+                f"record {rec['id']} stored no lock: its environment cannot be rebuilt"
+            ) from None
+        built = lock_env(store.root, lock["sha256"], env.get("variant"), log, label=rec["id"])
+        recorded = rec.get("settings", {}).get("variables", {}) or {}
+        return Side(built.python, {**recorded, **extra_vars}, f"record {rec['id']}")
+
+
+def variable_changes(good: dict[str, str], bad: dict[str, str]) -> list[Change]:
+    names = sorted(set(good) | set(bad))
+    kinds = {(True, False): "removed", (False, True): "added", (True, True): "changed"}
+    return [
+        Change(VAR + n, kinds[(n in good, n in bad)], good.get(n), bad.get(n))
+        for n in names
+        if good.get(n) != bad.get(n)
+    ]
+
+
+def subset_variables(good: dict[str, str], subset: list[Change]) -> dict[str, str]:
+    """GOOD's variables with the subset's variable changes applied."""
+    out = dict(good)
+    for c in subset:
+        if c.name.startswith(VAR):
+            if c.bad is None:
+                out.pop(c.name[len(VAR) :], None)
+            else:
+                out[c.name[len(VAR) :]] = c.bad
+    return out
+
+
+def bench_env(python: Path, label: str, variables: dict[str, str], origin: str):
+    """A BenchEnv whose runs have exactly `variables` among the speed-relevant ones."""
+    from dflash.bench.envs import BenchEnv
+    from dflash.bench.worker import relevant_variables
+
+    unset = tuple(k for k in relevant_variables() if k not in variables)
+    return BenchEnv(python, label, origin=origin, variables=dict(variables), unset=unset)
 
 
 def ddmin_bound(n: int) -> int:
@@ -75,17 +158,22 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
     from tqdm import tqdm
 
     from dflash.bench.compare import paired_samples
-    from dflash.bench.envs import BenchEnv
     from dflash.bench.paired import paired_verdict
     from dflash.bench.runner import run_pairs, summarize
     from dflash.bench.store import Store
     from dflash.bench.workloads import get_workload
 
-    good_py, bad_py = python_of(args.good), python_of(args.bad)
+    store = Store(args.store)
+    g_side = resolve_side(args.good, _assignments(args.good_env, "--good-env"), store, log)
+    b_side = resolve_side(args.bad, _assignments(args.bad_env, "--bad-env"), store, log)
+    good_py, bad_py = g_side.python, b_side.python
     good, bad = inventory(good_py), inventory(bad_py)
-    changes = differences(good, bad)
+    changes = differences(good, bad) + variable_changes(g_side.variables, b_side.variables)
     if not changes:
-        print(f"GOOD ({args.good}) and BAD ({args.bad}) hold the same distributions")
+        print(
+            f"GOOD ({args.good}) and BAD ({args.bad}) hold the same distributions and "
+            "speed-relevant variables"
+        )
         return 0
     w = get_workload(args.workload).with_changes(repeats=args.pairs)
     if args.steps:  # only compared within this run, so the step count is free
@@ -99,9 +187,9 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
         f"inconclusive ({w.name}); "
         f"{single_cause_count(len(changes))} if a single change is the cause"
     )
-    work = Store(args.store).root / "bisect" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    work = store.root / "bisect" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     work.mkdir(parents=True, exist_ok=True)
-    good_env = BenchEnv(good_py, "good", origin=str(args.good))
+    good_env = bench_env(good_py, "good", g_side.variables, g_side.origin)
     steps: list[dict[str, Any]] = []
     cache: dict[frozenset[str], bool] = {}
     bar = tqdm(total=bound, desc="bisect", unit="measurement", file=sys.stderr)
@@ -111,10 +199,13 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
         if key in cache:
             return cache[key]
         k = len(steps)
+        dists = [c for c in subset if not c.name.startswith(VAR)]
         if len(subset) == len(changes):
-            env = BenchEnv(bad_py, "bad", origin=str(args.bad))
+            env = bench_env(bad_py, "bad", b_side.variables, b_side.origin)
         else:
-            env = BenchEnv(splice(good, bad, subset, work / f"step{k}"), f"step{k}")
+            python = splice(good, bad, dists, work / f"step{k}") if dists else good_py
+            variables = subset_variables(g_side.variables, subset)
+            env = bench_env(python, f"step{k}", variables, f"GOOD + {len(subset)} changes")
         try:
             cand: list[dict[str, Any]] = []
             base: list[dict[str, Any]] = []
@@ -171,8 +262,15 @@ def _report(found: list[Change], steps: list[dict[str, Any]], args, title: str) 
 
 def add_arguments(sub) -> None:
     b = sub.add_parser("bisect", help="find the part of an environment change that slows training")
-    b.add_argument("good", help="the fast environment: a venv directory or its python")
-    b.add_argument("bad", help="the slow environment: a venv directory or its python")
+    b.add_argument("good", help="the fast environment: a venv, its python, or a record id")
+    b.add_argument("bad", help="the slow environment: a venv, its python, or a record id")
+    for side in ("good", "bad"):
+        b.add_argument(
+            f"--{side}-env",
+            action="append",
+            metavar="NAME=VALUE",
+            help=f"a speed-relevant variable of {side.upper()}'s runs (repeatable)",
+        )
     b.add_argument("--workload", default="tiny-cpu")
     b.add_argument("--pairs", type=int, default=5, help="pairs per measurement (default 5)")
     b.add_argument("--steps", type=int, help="steady steps per repeat (default: the workload's)")
