@@ -41,6 +41,7 @@ def run_drafter(
     record: dict[str, Any] | None,
     flag: StopFlag,
     env_record=None,
+    sim=None,
 ) -> dict[str, Any]:
     _, d = layout.role(rank)
     lead = d == 0
@@ -87,6 +88,9 @@ def run_drafter(
 
     rows, seq = cfg.rows, cfg.seq_len
     feat_dim = len(target.layer_ids) * target.hidden_size
+    # simulate.py: a profile's wait stands in for the step, and features are narrower.
+    step_fn = train_step if sim is None else sim.drafter_step(group)
+    feat_dim = feat_dim if sim is None else sim.feat_dim
     clock = Clock()
     recv = Receiver(
         layout, d, schedule(), cfg.max_in_flight, HEADER + 4 * rows * seq,
@@ -120,7 +124,7 @@ def run_drafter(
     drafter.train()
     while step < cfg.max_steps and not stop:
         with clock("compute"):  # the receive waits inside are subtracted (telemetry.py)
-            res = train_step(run, step, arrivals(step), n_micro=A, model=model, acc=acc)
+            res = step_fn(run, step, arrivals(step), n_micro=A, model=model, acc=acc)
         grad_norm, lr = res.grad_norm, res.lr
         step += 1
         if step % cfg.log_every == 0 or step == cfg.max_steps:

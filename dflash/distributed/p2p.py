@@ -62,13 +62,17 @@ def post(op, tensor: Tensor, peer: int, what: str, group=None):
 
 
 def pack_meta(batch: PackedBatch, g: int, counters: list[int], pin: bool) -> Tensor:
-    """Host int64 meta tensor of one batch (pinned when it will be copied to a GPU)."""
-    header = torch.tensor([g, batch.n_tokens, batch.n_docs, *counters], dtype=torch.int64)
-    body = torch.stack(
-        [batch.input_ids, batch.loss_mask.long(), batch.doc_ids, batch.positions]
-    ).view(-1)
-    meta = torch.cat([header, body])
-    return meta.pin_memory() if pin else meta
+    """Host int64 meta tensor of one batch (pinned when it will be copied to a GPU).
+    Each field is copied once, straight into the final (pinned) buffer: stack + cat +
+    pin_memory made three copies of the 4*R*S body, a few ms per batch at the real shapes
+    (docs/bench.md, "Pipeline at real topologies (simulated)")."""
+    rows, seq = batch.input_ids.shape
+    meta = torch.empty(HEADER + 4 * rows * seq, dtype=torch.int64, pin_memory=pin)
+    meta[:HEADER] = torch.tensor([g, batch.n_tokens, batch.n_docs, *counters])
+    body = meta[HEADER:].view(4, rows, seq)
+    for i, t in enumerate((batch.input_ids, batch.loss_mask, batch.doc_ids, batch.positions)):
+        body[i].copy_(t)
+    return meta
 
 
 def unpack_meta(meta: Tensor, rows: int, seq_len: int) -> tuple[Tensor, ...]:

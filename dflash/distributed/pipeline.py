@@ -71,8 +71,9 @@ def _start(cfg: TrainConfig, layout: Layout, rank: int, device: torch.device):
     return step, last, record
 
 
-def run(cfg: TrainConfig, *, env_record=None, recipe=None) -> dict[str, Any]:
-    """Run this rank; returns its summary. Errors end the process with exit code 1."""
+def run(cfg: TrainConfig, *, env_record=None, recipe=None, sim=None) -> dict[str, Any]:
+    """Run this rank; returns its summary. Errors end the process with exit code 1.
+    `sim`: a simulate.Profile whose waits stand in for the target forward and drafter step."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     targets, drafters = resolve_split(cfg.targets, cfg.drafters, world)
     layout = Layout(targets, drafters, cfg.grad_accum)
@@ -102,7 +103,7 @@ def run(cfg: TrainConfig, *, env_record=None, recipe=None) -> dict[str, Any]:
             if layout.role(rank)[0] == "target":
                 from dflash.distributed.target_rank import run_target
 
-                summary = run_target(cfg, layout, rank, device, step, ctrl_group)
+                summary = run_target(cfg, layout, rank, device, step, ctrl_group, sim)
             else:
                 from dflash.distributed.drafter_rank import run_drafter
 
@@ -118,6 +119,7 @@ def run(cfg: TrainConfig, *, env_record=None, recipe=None) -> dict[str, Any]:
                     record,
                     flag,
                     env_record,
+                    sim,
                 )
         dist.barrier()
         dist.destroy_process_group()

@@ -62,12 +62,19 @@ class GlobalBatches:
 
 
 def run_target(
-    cfg: TrainConfig, layout: Layout, rank: int, device: torch.device, start_step: int, ctrl_group
+    cfg: TrainConfig,
+    layout: Layout,
+    rank: int,
+    device: torch.device,
+    start_step: int,
+    ctrl_group,
+    sim=None,
 ) -> dict:
     _, t = layout.role(rank)
     cuda = device.type == "cuda"
     run = build_run(cfg, "target", device)
-    target = run.target
+    # simulate.py: a wait sized by the hardware profile stands in for the forward.
+    target = run.target if sim is None else sim.target(cfg.rows, cfg.seq_len)
     source = GlobalBatches(run.stream, start_step * layout.per_step)
     rows, seq = cfg.rows, cfg.seq_len
     clock = Clock()

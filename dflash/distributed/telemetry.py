@@ -100,13 +100,18 @@ def summarize(layout, prev: Tensor, cur: Tensor) -> dict[str, Any]:
     def total(role: str) -> float:
         return sum(x["tok_per_s"] for x in ranks if x["role"] == role)
 
-    t_wait, d_wait = mean("target", "wait_send"), mean("drafter", "wait_recv")
+    # Drafters run in lockstep (DDP's all_reduce every step), so the one still waiting for
+    # its batch holds them all, and its peers' time waiting for it reads as compute:
+    # the longest receive wait, not the mean, is the group's (lower bound on) wait.
+    t_wait = mean("target", "wait_send")
+    d_wait = max(x["wait_recv"] for x in ranks if x["role"] == "drafter")
     line = verdict(t_wait, d_wait, mean("target", "idle"), mean("drafter", "idle"))
     flat: dict[str, Any] = {
         "pipe/target_tok_per_s": total("target"),
         "pipe/drafter_tok_per_s": total("drafter"),
         "pipe/target_wait_send": t_wait,
-        "pipe/drafter_wait_recv": d_wait,
+        "pipe/drafter_wait_recv": mean("drafter", "wait_recv"),
+        "pipe/drafter_wait_recv_max": d_wait,
         "pipe/target_compute": mean("target", "compute"),
         "pipe/drafter_compute": mean("drafter", "compute"),
         "pipe/target_idle": mean("target", "idle"),
