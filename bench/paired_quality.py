@@ -149,22 +149,35 @@ def main() -> int:
         start_load()
     same: list[Any] = []
     slow: dict[str, list[Any]] = {c: [] for c in changes}
+
+    def save() -> dict[str, Any]:  # after every run: an interrupted study keeps its counts
+        result = {
+            "phase": args.phase,
+            "pairs": args.repeats,
+            "store": str(store),
+            "baseline": {k: base[k] for k in ("wall_s", "load")},
+            "unchanged": summary(same),
+            **{c: summary(rows, changes[c][2]) for c, rows in slow.items() if rows},
+            "runs": [
+                {k: v for k, v in r.items() if k != "stdout"}
+                for r in [*same, *sum(slow.values(), [])]
+            ],
+        }
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        return result
+
     try:
         for i in range(1, args.same + 1):
             same.append(bench(Path(sys.executable), store, {}, f"N{i}", *extra_args))
+            save()
             for k, (change, (py, env, _)) in enumerate(changes.items()):
                 if i <= args.slow:
                     slow[change].append(bench(py, store, env, f"S{k + 1}_{i}", *extra_args))
+                    save()
     finally:
         stop_load()
-    result = {
-        "phase": args.phase,
-        "store": str(store),
-        "unchanged": summary(same),
-        **{c: summary(rows, changes[c][2]) for c, rows in slow.items()},
-    }
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
+    result = save()
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
     return 0
 
 

@@ -12,12 +12,15 @@ from hypothesis import strategies as st
 from dflash.bench import stats
 
 
-def test_exact_null_distribution_matches_textbook_values():
-    # n = m = 3: 20 arrangements; U = 0 once, U = 1 once, U = 2 twice.
-    assert stats._u_counts(3, 3) == (1, 1, 2, 3, 3, 3, 3, 2, 1, 1)
-    assert sum(stats._u_counts(5, 5)) == math.comb(10, 5)
-    assert stats.u_cdf(0, 5, 5) == pytest.approx(1 / 252)
-    assert stats.u_cdf(4, 5, 5) == pytest.approx(12 / 252)
+def test_interval_tails_are_the_textbook_null_distribution():
+    # Read from scipy's test by inversion: n = m = 3 has 20 arrangements, U = 0 once,
+    # U = 1 once, U = 2 twice; n = m = 5: P(U <= 0) = 1/252, P(U <= 4) = 12/252.
+    for n, expect in ((3, {0: 1 / 20, 1: 2 / 20, 2: 4 / 20}), (5, {0: 1 / 252, 4: 12 / 252})):
+        x = [0.1 * i for i in range(n)]
+        y = [0.37 + 0.29 * i for i in range(n)]
+        d = sorted(a - b for a in x for b in y)
+        for j, p in expect.items():
+            assert stats._lower_tail(j, d, x, y) == pytest.approx(p)
 
 
 def test_complete_separation_gives_the_smallest_p():
