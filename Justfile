@@ -75,7 +75,7 @@ rmi VARIANT *ARGS:
 
 # Tests against the built VARIANT image: no-op rebuild, labels, containers started from it (doctor, train, stop/resume, pip install, bench, paired image bench), image diff (with a second build whose lock differs by one package); extra pytest args after VARIANT
 test-images VARIANT="cu128" *ARGS: setup
-    DFLASH_TEST_IMAGE="$({{images}} tag {{VARIANT}})" {{run}} pytest tests/test_images.py tests/test_containers.py tests/test_bench_image_pairs.py tests/test_image_diff.py -ra {{ARGS}}
+    DFLASH_TEST_IMAGE="$({{images}} tag {{VARIANT}})" {{run}} pytest tests/test_images.py tests/test_containers.py tests/test_bench_image_pairs.py tests/test_bench_image_bisect.py tests/test_image_diff.py -ra {{ARGS}}
 
 # --- Throughput benchmarks (docs/bench.md). Store: $DFLASH_BENCH_STORE or ~/.cache/dflash/bench
 

@@ -151,3 +151,25 @@ def catch_signals(flag: StopFlag):
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def open_logger(run_dir, cfg: TrainConfig, step: int, record: dict | None, env_record: dict | None):
+    """The run's metrics logger (metrics.jsonl, and wandb when cfg.wandb says so),
+    resuming at `step`; a new wandb run's id goes into the run record, so a resume
+    continues the same wandb run."""
+    from dflash import checkpoint as ckpt
+    from dflash.metrics import MetricsLogger
+
+    extra = {"dirty_env": True} if env_record and env_record.get("dirty") else {}
+    known = (record or {}).get("wandb_id")
+    logger = MetricsLogger(
+        run_dir,
+        config=cfg.to_dict(),
+        wandb_mode=cfg.wandb,
+        resume_step=step,
+        wandb_id=known,
+        extra=extra,
+    )
+    if logger.wandb_id and not known:
+        ckpt.update_run_record(run_dir, wandb_id=logger.wandb_id)
+    return logger

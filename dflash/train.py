@@ -14,8 +14,8 @@ from tqdm import tqdm
 
 from dflash import checkpoint as ckpt
 from dflash.config import TrainConfig
-from dflash.metrics import MetricsLogger, StepTimer
-from dflash.run import StopFlag, build_run, catch_signals
+from dflash.metrics import StepTimer
+from dflash.run import StopFlag, build_run, catch_signals, open_logger
 from dflash.step import Accumulator, NonFiniteLoss, nonfinite_error, train_step
 
 __all__ = ["NonFiniteLoss", "train"]
@@ -40,17 +40,7 @@ def train(
         step = run.load_state_dict(ckpt.load_checkpoint(last, drafter.config))
         print(f"resumed from {last} at step {step}")
 
-    extra = {"dirty_env": True} if env_record and env_record.get("dirty") else {}
-    logger = MetricsLogger(
-        run_dir,
-        config=cfg.to_dict(),
-        wandb_mode=cfg.wandb,
-        resume_step=step,
-        wandb_id=record.get("wandb_id"),
-        extra=extra,
-    )
-    if logger.wandb_id and not record.get("wandb_id"):
-        ckpt.update_run_record(run_dir, wandb_id=logger.wandb_id)
+    logger = open_logger(run_dir, cfg, step, record, env_record)
     if env_record is not None:
         ckpt.update_run_record(run_dir, environment=env_record)
 

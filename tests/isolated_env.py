@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,6 +44,19 @@ def envs_root() -> Path:
     if uv_cache is not None and _device(root) != _device(uv_cache):
         root = uv_cache.parent / "dflash-test-envs"
     return root
+
+
+def scratch_beside_uv_cache(default: Path, prefix: str) -> Path:
+    """`default` when it is on the uv cache's filesystem, else a fresh directory beside
+    the cache: venvs made by uv are then hard links, not copies (gigabytes each). The
+    caller removes a directory it was given that is not `default`."""
+    cache = _uv_cache_dir()
+    if cache is None:
+        raise RuntimeError("`uv cache dir` failed: uv is required on PATH (.ci/run installs it)")
+    cache.mkdir(parents=True, exist_ok=True)
+    if os.stat(cache).st_dev == os.stat(default).st_dev:
+        return default
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=cache.parent))
 
 
 def _device(path: Path) -> int | None:

@@ -18,10 +18,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from isolated_env import scratch_beside_uv_cache
 from wheels import busy_thread_wheel
 
 from dflash.bench.lockenv import lock_env, save_lock
@@ -34,15 +34,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def root(tmp_path):
     """A scratch directory on the uv cache's filesystem, so venvs are hard links."""
-    uv = shutil.which("uv")
-    assert uv, "uv is required on PATH (the Justfile and .ci/run install it)"
-    cache = Path(
-        subprocess.run([uv, "cache", "dir"], capture_output=True, text=True).stdout.strip()
-    )
-    cache.mkdir(parents=True, exist_ok=True)
-    where = tmp_path
-    if os.stat(cache).st_dev != os.stat(tmp_path).st_dev:
-        where = Path(tempfile.mkdtemp(prefix="bench-fidelity-", dir=cache.parent))
+    where = scratch_beside_uv_cache(tmp_path, "bench-fidelity-")
     yield where
     shutil.rmtree(where, ignore_errors=True)
 

@@ -15,10 +15,10 @@ import importlib.metadata
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
+from isolated_env import scratch_beside_uv_cache
 from packaging.requirements import Requirement
 from test_envcheck_envs import BASE_PYTHON, EXTRA, SITE, dflash, doctor, find, locked_version
 
@@ -41,12 +41,7 @@ def cache_root(tmp_path):
 
 @pytest.fixture
 def small(uv, tmp_path, cache_root):
-    out = subprocess.run([uv, "cache", "dir"], capture_output=True, text=True, check=True)
-    cache = Path(out.stdout.strip())
-    cache.mkdir(parents=True, exist_ok=True)
-    root = tmp_path
-    if os.stat(cache).st_dev != os.stat(root).st_dev:
-        root = Path(tempfile.mkdtemp(prefix="envcheck-small-", dir=cache.parent))
+    root = scratch_beside_uv_cache(tmp_path, "envcheck-small-")
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     env.pop("VIRTUAL_ENV", None)
     made = []

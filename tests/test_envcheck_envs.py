@@ -13,11 +13,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import tomllib
 from pathlib import Path
 
 import pytest
+from isolated_env import scratch_beside_uv_cache
 from packaging.markers import default_environment
 
 from dflash.envcheck.lockfile import load_lock, resolve
@@ -50,12 +50,8 @@ def uv_env():
 def venvs(tmp_path_factory, uv_env):
     uv, env = uv_env
     root = tmp_path_factory.mktemp("envcheck-venvs")
-    out = subprocess.run([uv, "cache", "dir"], env=env, capture_output=True, text=True, check=True)
-    cache = Path(out.stdout.strip())
-    cache.mkdir(parents=True, exist_ok=True)
-    if os.stat(cache).st_dev != os.stat(root).st_dev:
-        # Hardlinks cannot cross filesystems: uv would copy 7 GB per venv.
-        root = Path(tempfile.mkdtemp(prefix="envcheck-venvs-", dir=cache.parent))
+    # Hardlinks cannot cross filesystems: uv would copy 7 GB per venv.
+    root = scratch_beside_uv_cache(root, "envcheck-venvs-")
     req = root / "requirements.txt"
     subprocess.run(
         [uv, "export", "--frozen", "--extra", EXTRA, "--no-emit-project", "--no-hashes", "-q", "-o", str(req)],

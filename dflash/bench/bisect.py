@@ -1,9 +1,10 @@
 """`dflash bench bisect GOOD BAD`: the smallest part of an environment change that
 makes training slower.
 
-GOOD and BAD are environments: venv directories, interpreters, or bench record ids (the
+GOOD and BAD are environments: venv directories, interpreters, bench record ids (the
 record's stored lock rebuilt as a venv, lockenv.py, with the speed-relevant variables
-recorded for it). Their difference is a set of distribution changes (envsplice.py) and
+recorded for it; an image run's record stands for its image) or images on this host
+(subsets measured in containers of GOOD with BAD's files put in: image_bisect.py). Their difference is a set of distribution changes (envsplice.py) and
 of speed-relevant variables (`$NAME`: the record's, or the current ones with
 `--good-env/--bad-env NAME=VALUE`); delta debugging (Zeller's ddmin) then
 measures environments that apply subsets of it onto GOOD, each one paired against GOOD
@@ -35,6 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from dflash.bench.envsplice import Change, SpliceError, differences, inventory, python_of, splice
+from dflash.bench.image_bisect import (
+    ImageSide,
+    check_same_prefix,
+    fetch_bundles,
+    image_inventory,
+    resolve_image,
+    splice_archive,
+    spliced_env,
+)
+from dflash.bench.image_env import ImageEnv
 
 VAR = "$"  # a Change whose name starts with it is a variable, not a distribution
 
@@ -58,30 +69,90 @@ def _assignments(pairs: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
-def resolve_side(ref: str, extra_vars: dict[str, str], store, log) -> Side:
-    """A venv or interpreter (with the current speed-relevant variables), or a record id
-    (its lock's venv, built on first use, and its recorded variables)."""
+def resolve_side(ref: str, extra_vars: dict[str, str], store, log) -> Side | ImageSide:
+    """A venv or interpreter (with the current speed-relevant variables), a record id
+    (its lock's venv, built on first use, and its recorded variables; an image run's
+    record stands for its image), or an image on this host (its ENV's variables)."""
     from dflash.bench.worker import relevant_variables
 
     try:
         return Side(python_of(ref), {**relevant_variables(), **extra_vars}, ref)
-    except SpliceError as not_env:
-        from dflash.bench.lockenv import lock_env
-        from dflash.bench.store import BenchInputError
+    except SpliceError:
+        pass
+    from dflash.bench.lockenv import lock_env
+    from dflash.bench.store import BenchInputError
 
-        try:
-            rec = store.find(ref)
-        except BenchInputError:
-            raise SpliceError(f"{not_env}, nor a bench record id in {store.root}") from None
-        env = rec.get("environment", {})
-        lock = env.get("lock")
-        if not lock:
-            raise SpliceError(
-                f"record {rec['id']} stored no lock: its environment cannot be rebuilt"
-            ) from None
-        built = lock_env(store.root, lock["sha256"], env.get("variant"), log, label=rec["id"])
-        recorded = rec.get("settings", {}).get("variables", {}) or {}
-        return Side(built.python, {**recorded, **extra_vars}, f"record {rec['id']}")
+    try:
+        rec = store.find(ref)
+    except BenchInputError:
+        return resolve_image(ref, extra_vars)
+    env = rec.get("environment", {})
+    if env.get("kind") == "image" and (env.get("image") or {}).get("id"):
+        return resolve_image(env["image"]["id"], extra_vars, f"record {rec['id']} (image)")
+    lock = env.get("lock")
+    if not lock:
+        raise SpliceError(f"record {rec['id']} stored no lock: its environment cannot be rebuilt")
+    built = lock_env(store.root, lock["sha256"], env.get("variant"), log, label=rec["id"])
+    recorded = rec.get("settings", {}).get("variables", {}) or {}
+    return Side(built.python, {**recorded, **extra_vars}, f"record {rec['id']}")
+
+
+class HostEnvs:
+    """Subsets as hard-link venvs on this host (envsplice.splice)."""
+
+    def __init__(self, good: Side, bad: Side, work: Path) -> None:
+        self.good, self.bad, self.work = good, bad, work
+        self.good_inv, self.bad_inv = inventory(good.python), inventory(bad.python)
+
+    def good_env(self):
+        return bench_env(self.good.python, "good", self.good.variables, self.good.origin)
+
+    def subset_env(self, subset: list[Change], k: int, everything: bool):
+        if everything:
+            return bench_env(self.bad.python, "bad", self.bad.variables, self.bad.origin)
+        dists = [c for c in subset if not c.name.startswith(VAR)]
+        python = self.good.python
+        if dists:
+            python = splice(self.good_inv, self.bad_inv, dists, self.work / f"step{k}")
+        variables = subset_variables(self.good.variables, subset)
+        return bench_env(python, f"step{k}", variables, f"GOOD + {len(subset)} changes")
+
+    def cleanup(self, k: int) -> None:
+        shutil.rmtree(self.work / f"step{k}", ignore_errors=True)
+
+
+class ImageEnvs:
+    """Subsets as containers of GOOD's image with BAD's files put in (image_bisect.py)."""
+
+    def __init__(self, good: ImageSide, bad: ImageSide, work: Path, gpus: bool) -> None:
+        self.good, self.bad, self.work, self.gpus = good, bad, work, gpus
+        self.good_inv, self.bad_inv = image_inventory(good), image_inventory(bad)
+        check_same_prefix(self.good_inv, self.bad_inv)
+        self.bundles: Path | None = None
+
+    def _image_env(self, side: ImageSide, label: str) -> ImageEnv:
+        return ImageEnv(
+            side.info, label, "docker-api", self.gpus, side.client,
+            variables=dict(side.variables), origin_text=side.origin,
+        )  # fmt: skip
+
+    def good_env(self):
+        return self._image_env(self.good, "good")
+
+    def subset_env(self, subset: list[Change], k: int, everything: bool):
+        if everything:
+            return self._image_env(self.bad, "bad")
+        if self.bundles is None:  # BAD's files of every difference, copied out once
+            every = differences(self.good_inv, self.bad_inv)
+            self.bundles = fetch_bundles(self.bad, self.bad_inv, every, self.work / "bundles")
+        variables = subset_variables(self.good.variables, subset)
+        unset = sorted(set(self.good.variables) - set(variables))
+        archive = splice_archive(self.good_inv, subset, self.bundles, variables, unset)
+        origin = f"GOOD's image + {len(subset)} changes"
+        return spliced_env(self.good_env(), archive, f"step{k}", origin)
+
+    def cleanup(self, k: int) -> None:
+        pass  # the container is removed after each repeat; nothing is kept per step
 
 
 def variable_changes(good: dict[str, str], bad: dict[str, str]) -> list[Change]:
@@ -158,6 +229,7 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
     from tqdm import tqdm
 
     from dflash.bench.compare import paired_samples
+    from dflash.bench.image import wants_gpus
     from dflash.bench.paired import paired_verdict
     from dflash.bench.runner import run_pairs, summarize
     from dflash.bench.store import Store
@@ -166,9 +238,20 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
     store = Store(args.store)
     g_side = resolve_side(args.good, _assignments(args.good_env, "--good-env"), store, log)
     b_side = resolve_side(args.bad, _assignments(args.bad_env, "--bad-env"), store, log)
-    good_py, bad_py = g_side.python, b_side.python
-    good, bad = inventory(good_py), inventory(bad_py)
-    changes = differences(good, bad) + variable_changes(g_side.variables, b_side.variables)
+    work = store.root / "bisect" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    envs: HostEnvs | ImageEnvs
+    if isinstance(g_side, Side) and isinstance(b_side, Side):
+        envs = HostEnvs(g_side, b_side, work)
+    elif isinstance(g_side, ImageSide) and isinstance(b_side, ImageSide):
+        envs = ImageEnvs(g_side, b_side, work, wants_gpus(args.workload))
+    else:
+        raise SpliceError(
+            f"GOOD is {g_side.origin} and BAD is {b_side.origin}: both must be images, or "
+            "both venvs/record ids of host runs (`dflash image diff` compares an image with "
+            "a venv's manifest)"
+        )
+    changes = differences(envs.good_inv, envs.bad_inv)
+    changes += variable_changes(g_side.variables, b_side.variables)
     if not changes:
         print(
             f"GOOD ({args.good}) and BAD ({args.bad}) hold the same distributions and "
@@ -187,9 +270,8 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
         f"inconclusive ({w.name}); "
         f"{single_cause_count(len(changes))} if a single change is the cause"
     )
-    work = store.root / "bisect" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     work.mkdir(parents=True, exist_ok=True)
-    good_env = bench_env(good_py, "good", g_side.variables, g_side.origin)
+    good_env = envs.good_env()
     steps: list[dict[str, Any]] = []
     cache: dict[frozenset[str], bool] = {}
     bar = tqdm(total=bound, desc="bisect", unit="measurement", file=sys.stderr)
@@ -199,13 +281,7 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
         if key in cache:
             return cache[key]
         k = len(steps)
-        dists = [c for c in subset if not c.name.startswith(VAR)]
-        if len(subset) == len(changes):
-            env = bench_env(bad_py, "bad", b_side.variables, b_side.origin)
-        else:
-            python = splice(good, bad, dists, work / f"step{k}") if dists else good_py
-            variables = subset_variables(g_side.variables, subset)
-            env = bench_env(python, f"step{k}", variables, f"GOOD + {len(subset)} changes")
+        env = envs.subset_env(subset, k, everything=len(subset) == len(changes))
         try:
             cand: list[dict[str, Any]] = []
             base: list[dict[str, Any]] = []
@@ -222,8 +298,7 @@ def run_bisect(args: argparse.Namespace, log: Callable[[str], object]) -> int:
                     args.alpha, min_effect,
                 )  # fmt: skip
         finally:
-            if env.label != "bad":
-                shutil.rmtree(work / f"step{k}", ignore_errors=True)
+            envs.cleanup(k)
         cache[key] = pr.verdict == "regression"
         steps.append({"changes": [str(c) for c in subset], **pr.to_dict(), "slow": cache[key]})
         bar.update(1)
@@ -262,8 +337,8 @@ def _report(found: list[Change], steps: list[dict[str, Any]], args, title: str) 
 
 def add_arguments(sub) -> None:
     b = sub.add_parser("bisect", help="find the part of an environment change that slows training")
-    b.add_argument("good", help="the fast environment: a venv, its python, or a record id")
-    b.add_argument("bad", help="the slow environment: a venv, its python, or a record id")
+    b.add_argument("good", help="the fast environment: a venv, its python, a record id or an image")
+    b.add_argument("bad", help="the slow environment: a venv, its python, a record id or an image")
     for side in ("good", "bad"):
         b.add_argument(
             f"--{side}-env",

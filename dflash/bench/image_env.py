@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,17 @@ class ImageEnv:
     runner: str  # "docker-api" | "buildah-chroot"
     gpus: bool = False
     client: Any = field(default=None, compare=False, repr=False)
+    # What the container runs (through the image's entrypoint unless it is overridden
+    # by command[0]); image_bisect.py runs a splicing prelude first.
+    command: list[str] = field(default_factory=lambda: list(WORKER))
+    variables: dict[str, str] = field(default_factory=dict)  # set on top of the image's ENV
+    archive: bytes | None = field(default=None, compare=False, repr=False)  # put in at /
+    origin_text: str | None = None
 
     @property
     def origin(self) -> str:
+        if self.origin_text:
+            return self.origin_text
         return (
             f"image {self.info['id'][:19]} ({', '.join(self.info.get('tags') or []) or 'untagged'})"
         )
@@ -66,16 +75,18 @@ class ImageEnv:
     def _env(self, spec: Path) -> dict[str, str]:
         return {
             **inner_env(self.info),
+            **self.variables,
             SPEC_ENV: spec.read_text(),
             SPAWN_TIME_ENV: repr(time.time()),
         }
 
     def run(self, spec: Path, out: Path, timeout: float) -> int:
-        code, stdout, stderr = (
-            self._docker(spec, timeout)
-            if self.runner == "docker-api"
-            else self._buildah(spec, timeout)
-        )
+        if self.runner == "docker-api":
+            code, stdout, stderr = self._docker(spec, timeout)
+        elif self.archive is not None:
+            raise RuntimeError(f"{self.origin}: a spliced environment needs the Docker Engine API")
+        else:
+            code, stdout, stderr = self._buildah(spec, timeout)
         sys.stderr.write(stderr)
         result = parse_result(stdout)
         if code == 0 and result is not None:
@@ -87,20 +98,16 @@ class ImageEnv:
         return code
 
     def _docker(self, spec: Path, timeout: float) -> tuple[int, str, str]:
-        container = self.client.containers.create(
-            self.info["id"], **docker_run_kwargs(WORKER, self._env(spec), self.gpus)
-        )
-        try:
-            container.start()
-            status = container.wait(timeout=timeout)
-            logs = container.logs
-            return (
-                int(status.get("StatusCode", 1)),
-                logs(stdout=True, stderr=False).decode(errors="replace"),
-                logs(stdout=False, stderr=True).decode(errors="replace"),
-            )
-        finally:
-            container.remove(force=True)
+        archive = self.archive
+
+        def put(container) -> None:
+            if archive is not None:
+                container.put_archive("/", archive)
+
+        return run_container(
+            self.client, self.info["id"], self.command, self._env(spec), self.gpus, timeout,
+            before_start=put,
+        )  # fmt: skip
 
     def _buildah(self, spec: Path, timeout: float) -> tuple[int, str, str]:
         name = subprocess.run(
@@ -109,12 +116,42 @@ class ImageEnv:
         ).stdout.strip()  # fmt: skip
         try:
             proc = subprocess.run(
-                buildah_run_command(name, WORKER, self._env(spec)),
+                buildah_run_command(name, self.command, self._env(spec)),
                 capture_output=True, text=True, timeout=timeout,
             )  # fmt: skip
             return proc.returncode, proc.stdout, proc.stderr
         finally:
             subprocess.run(["buildah", "rm", name], capture_output=True, timeout=120)
+
+
+def run_container(
+    client,
+    image_id: str,
+    command: list[str],
+    env: dict[str, str],
+    gpus: bool,
+    timeout: float,
+    before_start: Callable[[Any], None] | None = None,
+    after_exit: Callable[[Any], None] | None = None,
+) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `command` in a fresh container of the image,
+    removed afterwards whatever happened."""
+    container = client.containers.create(image_id, **docker_run_kwargs(command, env, gpus))
+    try:
+        if before_start is not None:
+            before_start(container)
+        container.start()
+        status = container.wait(timeout=timeout)
+        if after_exit is not None:
+            after_exit(container)
+        logs = container.logs
+        return (
+            int(status.get("StatusCode", 1)),
+            logs(stdout=True, stderr=False).decode(errors="replace"),
+            logs(stdout=False, stderr=True).decode(errors="replace"),
+        )
+    finally:
+        container.remove(force=True)
 
 
 def image_info(runner: str, ref: str, client=None) -> dict[str, Any] | None:

@@ -24,8 +24,7 @@ from dflash.distributed.p2p import HEADER, Receiver, post, unpack_meta, wait
 from dflash.distributed.roles import Layout
 from dflash.distributed.target_rank import control_lag, control_steps
 from dflash.distributed.telemetry import COUNTERS, Clock, summarize
-from dflash.metrics import MetricsLogger
-from dflash.run import StopFlag, build_run
+from dflash.run import StopFlag, build_run, open_logger
 from dflash.step import Accumulator, FeatureBatch, nonfinite_error, train_step
 
 
@@ -61,17 +60,7 @@ def run_drafter(
 
     logger = None
     if lead:
-        extra = {"dirty_env": True} if env_record and env_record.get("dirty") else {}
-        logger = MetricsLogger(
-            run_dir,
-            config=cfg.to_dict(),
-            wandb_mode=cfg.wandb,
-            resume_step=start_step,
-            wandb_id=(record or {}).get("wandb_id"),
-            extra=extra,
-        )
-        if logger.wandb_id and not (record or {}).get("wandb_id"):
-            ckpt.update_run_record(run_dir, wandb_id=logger.wandb_id)
+        logger = open_logger(run_dir, cfg, start_step, record, env_record)
 
     def save(at: int) -> None:
         # The data position is the step: batch g is a function of g (target_rank.py).
