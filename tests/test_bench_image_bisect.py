@@ -61,8 +61,10 @@ def test_prelude_applies_the_chosen_changes_then_execs_the_command(tmp_path, mon
     ]
     splice_dir = tmp_path / "splice"
     monkeypatch.setattr(image_bisect, "SPLICE_DIR", str(splice_dir))
-    archive = splice_archive(inv, subset, bundles, {"OMP_NUM_THREADS": "1"}, ["MKL_X"])
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tf:  # what put_archive("/") does
+    archive = splice_archive(
+        inv, subset, bundles, {"OMP_NUM_THREADS": "1"}, ["MKL_X"], tmp_path / "step0.tar"
+    )
+    with tarfile.open(archive) as tf:  # what put_archive("/") does
         assert sorted(m.name for m in tf.getmembers()) == sorted(
             str(splice_dir / n).lstrip("/") for n in ("plan.json", "new.tar")
         )

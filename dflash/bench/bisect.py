@@ -147,12 +147,14 @@ class ImageEnvs:
             self.bundles = fetch_bundles(self.bad, self.bad_inv, every, self.work / "bundles")
         variables = subset_variables(self.good.variables, subset)
         unset = sorted(set(self.good.variables) - set(variables))
-        archive = splice_archive(self.good_inv, subset, self.bundles, variables, unset)
+        archive = splice_archive(
+            self.good_inv, subset, self.bundles, variables, unset, self.work / f"step{k}.tar"
+        )
         origin = f"GOOD's image + {len(subset)} changes"
         return spliced_env(self.good_env(), archive, f"step{k}", origin)
 
     def cleanup(self, k: int) -> None:
-        pass  # the container is removed after each repeat; nothing is kept per step
+        (self.work / f"step{k}.tar").unlink(missing_ok=True)  # containers go after each repeat
 
 
 def variable_changes(good: dict[str, str], bad: dict[str, str]) -> list[Change]:

@@ -156,9 +156,10 @@ def fetch_bundles(bad: ImageSide, inv: dict, changes: list[Change], dest: Path) 
 
 def splice_archive(
     good_inv: dict, changes: list[Change], bundles: Path, variables: dict[str, str],
-    unset: list[str],
-) -> bytes:  # fmt: skip
-    """The tar put into GOOD's container: the plan and the chosen bundles."""
+    unset: list[str], dest: Path,
+) -> Path:  # fmt: skip
+    """The tar put into GOOD's container, written to `dest`: the plan and the chosen
+    bundles (a file, not bytes: a changed torch is gigabytes)."""
     dists = [c for c in changes if not c.name.startswith("$")]
     remove = [
         f for c in dists if c.kind in ("removed", "changed") for f in _abs_files(good_inv, c.name)
@@ -170,18 +171,18 @@ def splice_archive(
         "set": variables,
         "unset": unset,
     }
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, mode="w") as tf:
         data = json.dumps(plan).encode()
         info = tarfile.TarInfo(SPLICE_DIR.lstrip("/") + "/plan.json")
         info.size = len(data)
         tf.addfile(info, io.BytesIO(data))
         for n in chosen:
             tf.add(bundles / f"{n}.tar", arcname=f"{SPLICE_DIR.lstrip('/')}/{n}.tar")
-    return buf.getvalue()
+    return dest
 
 
-def spliced_env(good: ImageEnv, archive: bytes, label: str, origin: str) -> ImageEnv:
+def spliced_env(good: ImageEnv, archive: Path, label: str, origin: str) -> ImageEnv:
     """GOOD's image, with the archive put in before its prelude runs the worker."""
     command = ["python", "-I", "-c", PRELUDE, f"{SPLICE_DIR}/plan.json", *WORKER]
     return replace(good, label=label, command=command, archive=archive, origin_text=origin)

@@ -49,7 +49,7 @@ class ImageEnv:
     # by command[0]); image_bisect.py runs a splicing prelude first.
     command: list[str] = field(default_factory=lambda: list(WORKER))
     variables: dict[str, str] = field(default_factory=dict)  # set on top of the image's ENV
-    archive: bytes | None = field(default=None, compare=False, repr=False)  # put in at /
+    archive: Path | None = None  # a tar put into the container at / before it starts
     origin_text: str | None = None
 
     @property
@@ -102,7 +102,8 @@ class ImageEnv:
 
         def put(container) -> None:
             if archive is not None:
-                container.put_archive("/", archive)
+                with open(archive, "rb") as f:
+                    container.put_archive("/", f)
 
         return run_container(
             self.client, self.info["id"], self.command, self._env(spec), self.gpus, timeout,
