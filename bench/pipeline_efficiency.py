@@ -1,7 +1,9 @@
 """Pipeline efficiency of a T-target + D-drafter run (dflash/bench/capacity.py), as JSON:
+each repeat is a pipeline run between two measurements of its stages alone (`--batches`
+batches each); the last line is the median efficiency.
 
-    .venv/bin/python bench/pipeline_efficiency.py --targets 1 --drafters 1 --out /tmp/eff \
-        -- --max-steps 30 --log-every 5
+    .venv/bin/python bench/pipeline_efficiency.py --targets 1 --drafters 1 --repeats 5 \
+        --batches 40 -- --max-steps 30 --log-every 5
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -21,19 +25,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, required=True)
     parser.add_argument("--drafters", type=int, required=True)
-    parser.add_argument("--out", default=None, help="run directory (default: a temp dir)")
+    parser.add_argument("--out", default=None, help="run directories' parent (default: temp)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--batches", type=int, default=12, help="batches per stage alone")
     parser.add_argument("flags", nargs="*", help="more `dflash train` flags, after --")
     args = parser.parse_args(argv)
     from dflash.train_cli import add_arguments, config_from_args
 
     train_parser = argparse.ArgumentParser()
     add_arguments(train_parser)
-    out = args.out or tempfile.mkdtemp(prefix="dflash-eff-") + "/run"
-    base = ["--out", out, "--wandb", "off", "--targets", str(args.targets)]
-    base += ["--drafters", str(args.drafters)]
-    cfg = config_from_args(train_parser.parse_args(base + args.flags))
+    out = Path(args.out or tempfile.mkdtemp(prefix="dflash-eff-"))
+    base = ["--wandb", "off", "--targets", str(args.targets), "--drafters", str(args.drafters)]
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    print(json.dumps(measure(cfg), indent=1))
+    rows = []
+    for i in range(args.repeats):
+        run = ["--out", str(out / f"run{i}")]
+        cfg = config_from_args(train_parser.parse_args(base + run + args.flags))
+        rows.append(measure(cfg, args.batches))
+        print(json.dumps(rows[-1]), flush=True)
+    effs = [float(r["efficiency"]) for r in rows]
+    summary = {"repeats": len(rows), "efficiency": [round(e, 3) for e in effs]}
+    summary["load_average"] = round(os.getloadavg()[0], 2)
+    print(json.dumps({**summary, "median_efficiency": round(statistics.median(effs), 3)}))
     return 0
 
 

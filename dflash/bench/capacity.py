@@ -3,17 +3,20 @@ its slowest stage measured alone (T x one target's tokens/s, D x one drafter's).
 
 1.0 means the pipeline costs nothing beyond its slowest stage; the gap is transfer,
 waiting and imbalance. Each stage alone runs the trainer's own setup and step
-(dflash/run.py, dflash/step.py). `measure(cfg)` returns the figures: the bench's pipeline
-workloads record them, and bench/pipeline_efficiency.py prints them as JSON.
+(dflash/run.py, dflash/step.py). `measure(cfg)` returns the figures, the stages measured
+alone before and after the pipeline run; bench/pipeline_efficiency.py repeats it and
+prints them as JSON.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -69,21 +72,27 @@ def pipeline_rate(cfg: TrainConfig, nproc: int, timeout: float = 600) -> float:
     return sum(rates) / len(rates)
 
 
-def measure(cfg: TrainConfig) -> dict[str, float | int | str]:
+def measure(cfg: TrainConfig, batches: int = 12) -> dict[str, Any]:
+    """One pipeline run between two measurements of its stages alone: the capacity is
+    the geometric mean of the two, so a drift of the host during the run (another
+    tenant starting or stopping, the clock changing) weighs on both sides alike."""
     if not (cfg.targets and cfg.drafters):
         raise ValueError("set --targets and --drafters")
-    alone = stage_capacity(cfg)
+    before = stage_capacity(cfg, batches)
+    measured = pipeline_rate(cfg, cfg.targets + cfg.drafters)
+    after = stage_capacity(cfg, batches)
+    alone = {k: math.sqrt(before[k] * after[k]) for k in before}
     stages = {
         "targets": cfg.targets * alone["target_tok_per_s"],
         "drafters": cfg.drafters * alone["drafter_tok_per_s"],
     }
     slowest = min(stages, key=lambda k: stages[k])
-    measured = pipeline_rate(cfg, cfg.targets + cfg.drafters)
     return {
         "targets": cfg.targets,
         "drafters": cfg.drafters,
         "target_alone_tok_per_s": alone["target_tok_per_s"],
         "drafter_alone_tok_per_s": alone["drafter_tok_per_s"],
+        "alone_before_after": [before, after],
         "slowest_stage": slowest,
         "capacity_tok_per_s": stages[slowest],
         "measured_tok_per_s": measured,
