@@ -31,9 +31,12 @@ class StepTimer:
 def format_line(rec: dict[str, Any]) -> str:
     acc_slots = rec.get("acc_per_slot") or []
     head = " ".join(f"{a:.2f}" for a in acc_slots[:4] if not math.isnan(a))
+    selector = ""
+    if "sel_acc" in rec:  # DFlash2: the selector's hits and the top-k's coverage
+        selector = f"sel {rec['sel_acc']:.3f} cover {rec['cand_cover']:.3f} | "
     return (
         f"step {rec['step']:>6} | loss {rec['loss']:.4f} | acc {rec['acc']:.3f} "
-        f"(slots 1-4: {head}) | lr {rec['lr']:.2e} | gnorm {rec['grad_norm']:.3f} | "
+        f"(slots 1-4: {head}) | {selector}lr {rec['lr']:.2e} | gnorm {rec['grad_norm']:.3f} | "
         f"{rec['tok_per_s']:,.0f} tok/s"
     )
 

@@ -160,20 +160,31 @@ def train_step(
 
 class Accumulator:
     """Loss, per-slot accuracy counters, token count and a NaN flag, kept on the device
-    between logging steps (reading them is a host-device sync)."""
+    between logging steps (reading them is a host-device sync). A DFlash2 drafter's loss
+    also counts, per slot, its selector's teacher-forced hits and the true token's
+    coverage by the unary top-k (loss_dflash2.py): logged as sel_acc and cand_cover."""
 
     def __init__(self, block_size: int, device: torch.device) -> None:
-        self.bs = block_size
-        # Layout of `flat`: [loss_sum, nonfinite, tokens, correct x bs, count x bs]
-        self.flat = torch.zeros(3 + 2 * block_size, device=device, dtype=torch.float64)
+        self.bs = bs = block_size
+        # Layout of `flat` (one tensor: the pipeline all_reduces it in one call):
+        # [loss_sum, nonfinite, tokens, correct x bs, count x bs, selector_correct x bs,
+        #  covered x bs]; the last two stay zero for DFlash.
+        self.flat = torch.zeros(3 + 4 * bs, device=device, dtype=torch.float64)
+        self.slots = {
+            name: slice(3 + i * bs, 3 + (i + 1) * bs)
+            for i, name in enumerate(("correct", "count", "selector_correct", "covered"))
+        }
+        self.selector = False  # set by the first DFlash2 loss added (same on every rank)
 
     def add(self, loss: Tensor, stats: dict[str, Tensor], scale: int, tokens) -> None:
         f = self.flat
         f[0] += loss.detach() / scale
         f[1] += (~torch.isfinite(loss.detach())).double()
         f[2] += tokens  # host int (single process) or device scalar (pipeline metadata)
-        f[3 : 3 + self.bs] += stats["correct"]
-        f[3 + self.bs :] += stats["count"]
+        self.selector |= "covered" in stats
+        for name, where in self.slots.items():
+            if name in stats:
+                f[where] += stats[name]
 
     def reset(self) -> None:
         self.flat.zero_()
@@ -181,9 +192,10 @@ class Accumulator:
     def record(self, step: int, n_logged: int, n_ranks: int = 1) -> dict[str, Any]:
         """Host values (a sync point). `flat` may hold the sum over `n_ranks` drafters."""
         f = self.flat.cpu()
-        per_slot = accuracy_per_slot(f[3 : 3 + self.bs], f[3 + self.bs :])
+        count = f[self.slots["count"]]
+        per_slot = accuracy_per_slot(f[self.slots["correct"]], count)
         seen = [a for a in per_slot if not math.isnan(a)]
-        return {
+        rec = {
             "step": step,
             "loss": f[0].item() / n_ranks / n_logged,
             "acc": sum(seen) / len(seen) if seen else math.nan,
@@ -191,6 +203,11 @@ class Accumulator:
             "_nonfinite": bool(f[1] > 0),
             "_tokens": int(f[2]),
         }
+        if self.selector:  # DFlash2: fractions of every counted position
+            total = max(count.sum().item(), 1.0)
+            rec["sel_acc"] = f[self.slots["selector_correct"]].sum().item() / total
+            rec["cand_cover"] = f[self.slots["covered"]].sum().item() / total
+        return rec
 
 
 def nonfinite_error(step: int, saved_at: int | None) -> NonFiniteLoss:

@@ -45,6 +45,16 @@ def test_tiny_random_stays_at_chance_and_exports_drafter(tmp_path):
     assert conf["dflash_config"]["target_layer_ids"] == [1, 2, 3, 4, 5]
 
 
+def test_dflash2_logs_its_selector_counters_and_dflash_does_not(tmp_path):
+    train(cfg(tmp_path, "d2", max_steps=2, arch="dflash2", selector_top_k=4))
+    train(cfg(tmp_path, "d1", max_steps=2))
+    d2 = [json.loads(x) for x in (tmp_path / "d2" / "metrics.jsonl").read_text().splitlines()]
+    d1 = [json.loads(x) for x in (tmp_path / "d1" / "metrics.jsonl").read_text().splitlines()]
+    for r in d2:  # fractions of the counted positions; the top-4 of 384 rarely holds it
+        assert 0.0 <= r["sel_acc"] <= 1.0 and 0.0 <= r["cand_cover"] <= 1.0, r
+    assert all("sel_acc" not in r and "cand_cover" not in r for r in d1)
+
+
 def test_chance_check_can_fail(tmp_path, monkeypatch):
     """A known leak: block inputs that carry the true tokens instead of MASK. The same
     run then learns far above chance, so the chance-level assertion above has teeth."""
