@@ -6,8 +6,8 @@
   such an environment. Each repeat is now a fresh interpreter of the environment, and
   the paired run against the baseline's environment (rebuilt from the stored lock)
   exits 1 and names the package.
-- The bench's steady tok/s and a plain `dflash train` run's tok/s on the same shapes
-  agree within 10%.
+- The bench's steady tok/s and a plain `dflash train` run's tok/s on the same shapes,
+  measured side by side, agree within 10%.
 """
 
 from __future__ import annotations
@@ -111,11 +111,21 @@ def bench_tok_per_s(python: Path, tmp: Path) -> float:
 
 
 def test_bench_and_dflash_train_agree_on_tok_per_s(tmp_path):
-    # Alternated, twice each: the machine's load drifts; the fastest of each side is
-    # the least disturbed estimate of its speed.
-    train, bench_ = [], []
-    for i in range(2):
-        train.append(train_tok_per_s(tmp_path / f"run{i}", 41))
-        bench_.append(bench_tok_per_s(Path(sys.executable), tmp_path))
-    ratio = max(bench_) / max(train)
-    assert 0.9 <= ratio <= 1.1, f"bench {bench_} vs dflash train {train} tok/s: {ratio:.3f}x"
+    # Side by side: in each round the trainer and one bench repeat run at the same time,
+    # one thread each on their own core, so the host's speed (it drifts by +-8% between
+    # processes on this virtual machine, docs/bench.md) is the same for both. Back to
+    # back, a max-of-2 on each side still differed by 1.107x once in CI.
+    from concurrent.futures import ThreadPoolExecutor
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("side by side needs two cores")
+    ratios, seen = [], []
+    with ThreadPoolExecutor(2) as pool:
+        for i in range(3):
+            train = pool.submit(train_tok_per_s, tmp_path / f"run{i}", 41)
+            bench_ = pool.submit(bench_tok_per_s, Path(sys.executable), tmp_path)
+            seen.append((round(bench_.result()), round(train.result())))
+            ratios.append(bench_.result() / train.result())
+    ratio = statistics.median(ratios)
+    print(f"bench vs dflash train tok/s per round {seen}: median ratio {ratio:.3f}")
+    assert 0.9 <= ratio <= 1.1, f"bench vs dflash train tok/s per round {seen}: {ratio:.3f}x"
