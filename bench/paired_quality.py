@@ -16,6 +16,9 @@ For each run it keeps the paired and the stored-number verdicts, whether the rep
 names the change, and the bench's wall time.
 
   .venv/bin/python bench/paired_quality.py --phase none --same 20 --slow 10 --out q.json
+
+`--analyze STORE` recomputes a finished study's paired verdicts from its stored samples,
+uncorrected (as shipped) and reference-corrected, with the spread of one pair's log ratio.
 """
 
 from __future__ import annotations
@@ -113,6 +116,35 @@ def summary(rows: list[dict], name: str | None = None) -> dict:
     return out
 
 
+def analyze(store: Path) -> dict[str, Any]:
+    """Each run's paired verdict recomputed on both kinds of sample (the shipped rule)."""
+    import math
+    import statistics
+
+    from dflash.bench.paired import paired_verdict
+
+    out: dict[str, Any] = {}
+    for kind, pattern in (("unchanged", "N*.json"), ("changed", "S*.json")):
+        files = sorted(store.glob(pattern))
+        for key in ("uncorrected_samples", "samples"):
+            flagged, ratios, logs = 0, [], []
+            for f in files:
+                rec = json.loads(f.read_text())
+                cand, base = rec["summary"][key], rec["paired"]["summary"][key]
+                v = paired_verdict(cand, base, 0.05, rec["comparison"]["min_effect"])
+                flagged += v.verdict == "regression"
+                ratios.append(v.ratio)
+                logs += [math.log(c / b) for c, b in zip(cand, base, strict=True)]
+            if files:
+                out[f"{kind}/{key}"] = {
+                    "flagged": f"{flagged}/{len(files)}",
+                    "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
+                    "pair_log_ratio_sd": round(statistics.stdev(logs), 3),
+                    "pairs": len(logs),
+                }
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--phase", choices=("none", "candidate", "baseline"), default="none")
@@ -121,7 +153,11 @@ def main() -> int:
     ap.add_argument("--change", action="append", help=f"default {DEFAULT_CHANGES}")
     ap.add_argument("--repeats", type=int, help="pairs per run (default: the workload's)")
     ap.add_argument("--out", default="paired_quality.json")
+    ap.add_argument("--analyze", metavar="STORE", help="recompute a finished study's verdicts")
     args = ap.parse_args()
+    if args.analyze:
+        print(json.dumps(analyze(Path(args.analyze)), indent=1))
+        return 0
     scratch = Path(tempfile.mkdtemp(prefix="dflash-pairq-", dir=Path.home() / ".cache"))
     store = scratch / "store"
     store.mkdir()
