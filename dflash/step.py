@@ -165,7 +165,7 @@ class Accumulator:
     coverage by the unary top-k (loss_dflash2.py): logged as sel_acc and cand_cover."""
 
     def __init__(self, block_size: int, device: torch.device) -> None:
-        self.bs = bs = block_size
+        bs = block_size
         # Layout of `flat` (one tensor: the pipeline all_reduces it in one call):
         # [loss_sum, nonfinite, tokens, correct x bs, count x bs, selector_correct x bs,
         #  covered x bs]; the last two stay zero for DFlash.

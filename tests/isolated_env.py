@@ -54,7 +54,7 @@ def scratch_beside_uv_cache(default: Path, prefix: str) -> Path:
     if cache is None:
         raise RuntimeError("`uv cache dir` failed: uv is required on PATH (.ci/run installs it)")
     cache.mkdir(parents=True, exist_ok=True)
-    if os.stat(cache).st_dev == os.stat(default).st_dev:
+    if _device(cache) == _device(default):
         return default
     return Path(tempfile.mkdtemp(prefix=prefix, dir=cache.parent))
 

@@ -35,7 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash.bench.envsplice import Change, SpliceError, differences, inventory, python_of, splice
+from dflash.bench.envsplice import (
+    VAR,
+    Change,
+    SpliceError,
+    differences,
+    inventory,
+    python_of,
+    splice,
+)
 from dflash.bench.image_bisect import (
     ImageSide,
     check_same_prefix,
@@ -46,8 +54,6 @@ from dflash.bench.image_bisect import (
     spliced_env,
 )
 from dflash.bench.image_env import ImageEnv
-
-VAR = "$"  # a Change whose name starts with it is a variable, not a distribution
 
 
 @dataclass

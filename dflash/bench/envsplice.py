@@ -38,6 +38,7 @@ print(json.dumps({"site": site, "prefix": sys.prefix, "dists": out}))
 
 
 _HEADER_BYTES = 1024  # where a console script names its interpreter
+VAR = "$"  # a Change whose name starts with it is a variable, not a distribution
 
 
 class SpliceError(RuntimeError):

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import tarfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dflash.bench.envsplice import _LIST_SCRIPT, Change, SpliceError
+from dflash.bench.envsplice import _LIST_SCRIPT, VAR, Change, SpliceError
 from dflash.bench.image_env import WORKER, ImageEnv, run_container
 
 SPLICE_DIR = "/tmp/dflash-splice"  # where the plan and the bundles go inside GOOD's container
@@ -130,24 +131,28 @@ def fetch_bundles(bad: ImageSide, inv: dict, changes: list[Change], dest: Path) 
     if not want:
         return dest
     cmd = ["python", "-I", "-c", _BUNDLE_SCRIPT, json.dumps(want), BUNDLE_DIR]
-    got: dict[str, bytes] = {}
+    outer_tar = dest / "from-bad.tar"  # streamed to disk: a changed torch is gigabytes
 
     def copy_out(container) -> None:
         stream, _ = container.get_archive(BUNDLE_DIR)
-        got["tar"] = b"".join(stream)
+        with open(outer_tar, "wb") as f:
+            for chunk in stream:
+                f.write(chunk)
 
     code, _, err = run_container(
         bad.client, bad.info["id"], cmd, {}, False, 1800, after_exit=copy_out
     )
-    if code != 0 or "tar" not in got:
+    if code != 0 or not outer_tar.exists():
         raise SpliceError(f"{bad.origin}: cannot pack its distributions: {err.strip()[-300:]}")
-    with tarfile.open(fileobj=io.BytesIO(got["tar"])) as outer:
+    with tarfile.open(outer_tar) as outer:
         for member in outer.getmembers():
             name = Path(member.name).name
             if member.isfile() and name.endswith(".tar") and name[:-4] in want:
                 data = outer.extractfile(member)
                 assert data is not None
-                (dest / name).write_bytes(data.read())
+                with open(dest / name, "wb") as f:
+                    shutil.copyfileobj(data, f)
+    outer_tar.unlink()
     missing = sorted(set(want) - {p.stem for p in dest.glob("*.tar")})
     if missing:
         raise SpliceError(f"{bad.origin}: no files came back for {', '.join(missing)}")
@@ -160,7 +165,7 @@ def splice_archive(
 ) -> Path:  # fmt: skip
     """The tar put into GOOD's container, written to `dest`: the plan and the chosen
     bundles (a file, not bytes: a changed torch is gigabytes)."""
-    dists = [c for c in changes if not c.name.startswith("$")]
+    dists = [c for c in changes if not c.name.startswith(VAR)]
     remove = [
         f for c in dists if c.kind in ("removed", "changed") for f in _abs_files(good_inv, c.name)
     ]
