@@ -127,6 +127,15 @@ def test_two_plus_two_matches_single_process(tmp_path):
     assert pipe[-1]["pipe/target_tok_per_s"] > 0 and pipe[-1]["pipe/drafter_tok_per_s"] > 0
 
 
+def test_one_plus_one_matches_single_process(tmp_path):
+    """A lone drafter trains without a DDP wrapper (nothing to average): its losses are
+    still one process's, step for step."""
+    run_ok(2, tmp_path / "pipe", "--targets", "1", "--drafters", "1")
+    pipe = records(tmp_path / "pipe")
+    ref = single_process_losses(tmp_path, "single", grad_accum=1)
+    assert [r["loss"] for r in pipe] == pytest.approx(ref, rel=1e-5, abs=0)
+
+
 def _rank_pids(torchrun_pid: int) -> dict[int, int]:
     """RANK -> pid of torchrun's worker processes (read from /proc)."""
     found = {}

@@ -24,7 +24,7 @@ from dflash.components import resolve_device
 from dflash.config import TrainConfig
 from dflash.distributed.launch import torchrun_command
 from dflash.run import build_run
-from dflash.step import FeatureBatch, train_step
+from dflash.step import Accumulator, FeatureBatch, train_step
 
 
 def _sync(device: torch.device) -> None:
@@ -52,8 +52,12 @@ def stage_capacity(cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> dict
     target_rate = timed(lambda b: target(b.input_ids, b.positions, b.doc_ids))
     feats = {id(b): target(b.input_ids, b.positions, b.doc_ids) for b in data}
 
-    def train_one(b) -> None:  # the trainer's step over one micro-batch (grad_accum 1)
-        train_step(run, 0, [FeatureBatch(0, b, feats[id(b)], b.n_tokens)], n_micro=1)
+    # The trainer's step over one micro-batch (grad_accum 1), its metrics accumulated on
+    # the device as every trainer's loop does (train.py, drafter_rank.py).
+    acc = Accumulator(cfg.block_size, device)
+
+    def train_one(b) -> None:
+        train_step(run, 0, [FeatureBatch(0, b, feats[id(b)], b.n_tokens)], n_micro=1, acc=acc)
 
     drafter_rate = timed(train_one)
     return {"target_tok_per_s": target_rate, "drafter_tok_per_s": drafter_rate}

@@ -50,13 +50,17 @@ def run_drafter(
     drafter, target = run.drafter, run.target
     if last is not None:  # every drafter reads it: RUN must be on a shared filesystem
         run.load_state_dict(ckpt.load_checkpoint(last, drafter.config))
-    # Gradients are averaged over the drafter subgroup only; targets never join.
-    model = DDP(
-        run.step_fn,
-        process_group=group,
-        device_ids=[device.index] if cuda else None,
-        broadcast_buffers=False,
-    )
+    # Gradients are averaged over the drafter subgroup only; targets never join. A lone
+    # drafter has nothing to average: DDP would still copy every gradient into its
+    # buckets and back each step (6.6% of a tiny-cpu drafter's step, docs/bench.md).
+    model = run.step_fn
+    if layout.drafters > 1:
+        model = DDP(
+            run.step_fn,
+            process_group=group,
+            device_ids=[device.index] if cuda else None,
+            broadcast_buffers=False,
+        )
 
     logger = None
     if lead:
