@@ -23,7 +23,7 @@ from typing import Any
 
 from dflash.bench.compare import ALPHA, Comparison, compare
 from dflash.bench.store import STORE_ENV, BenchInputError, Store, baseline_key
-from dflash.bench.workloads import WORKLOADS
+from dflash.bench.workloads import PAIR_MODES, WORKLOADS
 
 RECORD_MARKER = "DFLASH_BENCH_RECORD:"
 
@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="compare with the stored baseline numbers only (faster, weaker: another hour's "
         "load) instead of measuring the baseline's environment beside this one",
+    )
+    run.add_argument(
+        "--pair-mode",
+        choices=PAIR_MODES,
+        help="a pair's two repeats at the same time, one core each, or back to back "
+        "(default: the workload's; tiny-cpu: concurrent)",
     )
     run.add_argument("--alpha", type=float, default=ALPHA, help="significance level")
     run.add_argument("--min-effect", type=float, help="e.g. 0.05 = 5%% (default: the workload's)")
@@ -100,6 +106,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     w = get_workload(args.workload)
     if args.repeats:
         w = w.with_changes(repeats=args.repeats)
+    if args.pair_mode:
+        w = w.with_changes(pair_mode=args.pair_mode)
     store = Store(args.store)
     env = collect_environment(_log)
     env["lock"] = save_lock(store.root, env["doctor"].get("lock"))

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 SPAWN_TIME_ENV = "DFLASH_BENCH_SPAWN_T"  # wall time at spawn: the worker's start-up time
+# "DIR<os.pathsep>N": wait after the warm-up until DIR holds N files (runner._run_together)
+BARRIER_ENV = "DFLASH_BENCH_RENDEZVOUS"
 
 
 @dataclass(frozen=True)

@@ -8,22 +8,26 @@ inflate the significance.
 
 Each repeat is a new interpreter of the environment, started the way `dflash train`
 starts (envs.py): its start-up and import time are measured and reported apart from
-the steady state. `run_pairs` measures two environments interleaved, A and B back to
-back in each pair, the order alternating, for the paired verdict (paired.py).
+the steady state. `run_pairs` measures two environments in pairs for the paired verdict
+(paired.py): at the same time, one per core, with their steady phases started together
+(`concurrent_pairs`), or back to back with the order alternating.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash.bench.envs import BenchEnv
+from dflash.bench.envs import BARRIER_ENV, BenchEnv
 from dflash.bench.stats import median
 from dflash.bench.workloads import Workload
 
@@ -94,6 +98,28 @@ def run_repeats(
         return [run_one(w, env, spec, Path(tmp), i, log) for i in range(w.repeats)]
 
 
+def concurrent_pairs(w: Workload, a: BenchEnv | ImageEnv, b: BenchEnv | ImageEnv) -> str:
+    """Why a pair's two repeats run back to back, or "" when they run at the same time.
+
+    At the same time, the shared host's speed is the same for both sides by
+    construction: back to back, one pair's log ratio scattered with an SD of 8% on the
+    2-core CI machine (the host's drift between two 15 s windows), which hid a 10%
+    change in half of the runs (docs/bench.md). It needs a CPU workload of one thread
+    per process (each side then has a core of its own; its metric, CPU time, does not
+    count the time a third process takes) and two host processes (a container's
+    repeat cannot see the host's rendezvous directory)."""
+    if w.pair_mode != "concurrent":
+        return f"the workload's pair_mode is {w.pair_mode!r}"
+    if w.device != "cpu" or w.threads != 1 or w.pipeline:
+        return "only a one-thread CPU workload in one process can share the host per core"
+    if not (isinstance(a, BenchEnv) and isinstance(b, BenchEnv)):
+        return "container repeats run one at a time"
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < 2:
+        return f"{cpus} usable CPU: two repeats at once need two"
+    return ""
+
+
 def run_pairs(
     w: Workload,
     candidate: BenchEnv | ImageEnv,
@@ -101,17 +127,30 @@ def run_pairs(
     log: Callable[[str], object] = print,
     pairs: int | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """`pairs` (default w.repeats) pairs, each a candidate and a baseline repeat back to
-    back; the order alternates (candidate first in even pairs) so that a drift of the
-    host within a pair favours neither side. Returns (candidate, baseline) repeats."""
+    """`pairs` (default w.repeats) pairs, each a candidate and a baseline repeat.
+    Concurrent (see `concurrent_pairs`): both start together and wait for each other
+    before their steady steps. Otherwise back to back, the order alternating (candidate
+    first in even pairs) so that a drift of the host within a pair favours neither
+    side. Returns (candidate, baseline) repeats; each repeat's `paired_mode` says which."""
     n = pairs or w.repeats
+    why_not = concurrent_pairs(w, candidate, baseline)
+    mode = "back to back" if why_not else "concurrent"
+    log(
+        f"  pairs: {mode}"
+        + (f" ({why_not})" if why_not else ", one core each, steady steps started together")
+    )
     cand, base = [], []
     with tempfile.TemporaryDirectory(prefix="dflash-bench-") as tmp:
         spec = Path(tmp) / "workload.json"
         spec.write_text(json.dumps(w.definition()))
         for i in range(n):
             order = (candidate, baseline) if i % 2 == 0 else (baseline, candidate)
-            got = {e.label: run_one(w, e, spec, Path(tmp), i, log) for e in order}
+            if why_not:
+                got = {e.label: run_one(w, e, spec, Path(tmp), i, log) for e in order}
+            else:
+                got = _run_together(w, order, spec, Path(tmp), i, log)
+            for r in got.values():
+                r["paired_mode"] = mode
             cand.append(got[candidate.label])
             base.append(got[baseline.label])
             ratios = [
@@ -126,6 +165,36 @@ def run_pairs(
                 )
                 break
     return cand, base
+
+
+def _run_together(
+    w: Workload,
+    envs: tuple[BenchEnv | ImageEnv, ...],
+    spec: Path,
+    tmp: Path,
+    index: int,
+    log: Callable[[str], object],
+) -> dict[str, dict[str, Any]]:
+    """Both repeats of a pair at once. Each worker drops a file into a fresh rendezvous
+    directory after its warm-up and waits for the other's (worker.rendezvous); when a
+    repeat ends, for whatever reason, its thread drops one too, so a crashed side never
+    keeps the other waiting."""
+    meet = tmp / f"rendezvous{index}"
+    meet.mkdir()
+
+    def one(e: BenchEnv | ImageEnv) -> dict[str, Any]:
+        assert isinstance(e, BenchEnv)  # concurrent_pairs allows host processes only
+        together = dataclasses.replace(
+            e, variables={**e.variables, BARRIER_ENV: f"{meet}{os.pathsep}{len(envs)}"}
+        )
+        try:
+            return run_one(w, together, spec, tmp, index, log)
+        finally:
+            (meet / f"ended-{e.label}").touch()
+
+    with ThreadPoolExecutor(len(envs)) as pool:
+        futures = {e.label: pool.submit(one, e) for e in envs}
+        return {label: f.result() for label, f in futures.items()}
 
 
 def decisive(ratios: list[float]) -> bool:

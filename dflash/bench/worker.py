@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dflash.bench.envs import SPAWN_TIME_ENV
+from dflash.bench.envs import BARRIER_ENV, SPAWN_TIME_ENV
 from dflash.bench.reference import Reference, corrected
 
 # Variables that change CPU/GPU speed without changing an installed file: the
@@ -79,6 +79,29 @@ class StageClock:
             dt = a.elapsed_time(b) / 1000.0 if self.cuda else b - a
             out[name] = out.get(name, 0.0) + dt
         return out
+
+
+RENDEZVOUS_TIMEOUT_S = 600.0
+
+
+def rendezvous(environ: dict[str, str] | None = None) -> float:
+    """Seconds spent waiting for the other repeat of a concurrent pair (0 alone).
+
+    Both processes start together, but import and build take seconds and vary; their
+    steady steps, a few seconds long, would barely overlap. So each drops a file into
+    the pair's directory here and polls (2 ms) until the pair's count is there; the
+    runner drops one for a repeat that ended early, so nobody waits for a crash."""
+    env = os.environ if environ is None else environ
+    spec = env.get(BARRIER_ENV)
+    if not spec:
+        return 0.0
+    where, _, count = spec.rpartition(os.pathsep)
+    meet, need = Path(where), int(count)
+    (meet / f"ready-{os.getpid()}").touch()
+    t0 = time.perf_counter()
+    while len(os.listdir(meet)) < need and time.perf_counter() - t0 < RENDEZVOUS_TIMEOUT_S:
+        time.sleep(0.002)
+    return time.perf_counter() - t0
 
 
 MIN_STEADY_STEPS = 5  # a steady phase cut short by its budget still has this many
@@ -166,6 +189,8 @@ def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
     if w.reference:
         ref = Reference()
         ref.run()  # its own warm-up: first-touch of the destination buffer
+    waited = rendezvous()
+    steady_t0 = time.time()  # wall clock: comparable between the two processes of a pair
     steady = run_steps(p, w.steps, w.warmup_steps, clock, ref, w.reference_power, w.steady_budget_s)
     return {
         "pid": os.getpid(),
@@ -173,6 +198,8 @@ def run_repeat(spec: dict[str, Any], scratch: str) -> dict[str, Any]:
         "build_s": t_build - t_import,
         "first_step_s": first[0]["step_s"],
         "warmup": first + warm,
+        "rendezvous_s": waited,
+        "steady_t0": steady_t0,
         "steps": steady,
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),

@@ -34,7 +34,8 @@ QWEN3_8B_TARGET: dict[str, Any] = dict(
 
 
 # May differ between comparable records: how many samples, when to stop, what counts.
-POLICY_FIELDS = ("repeats", "min_effect", "steady_budget_s")
+POLICY_FIELDS = ("repeats", "min_effect", "steady_budget_s", "pair_mode")
+PAIR_MODES = ("concurrent", "sequential")
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,11 @@ class Workload:
     # MIN_STEADY_STEPS): a sample is a quantile of steps, so fewer steps estimate the
     # same number. Bounds a run on a catastrophically slow environment (0 = no bound).
     steady_budget_s: float = 0.0
+    # Paired runs: "concurrent" runs a pair's candidate and baseline repeats at the same
+    # time, one per core, so the shared host's drift is the same for both (one-thread
+    # CPU workloads; runner.concurrent_pairs); "sequential" back to back. Policy: how
+    # the samples are scheduled, not what one measures.
+    pair_mode: str = "sequential"
     min_doc_len: int = 64
     max_doc_len: int = 512
     seed: int = 0
@@ -116,6 +122,8 @@ class Workload:
                 f"workload {self.name}: reference needs metric 'cpu' in one process "
                 "(it corrects CPU time for a shared host's speed)"
             )
+        if self.pair_mode not in PAIR_MODES:
+            raise ValueError(f"workload {self.name}: pair_mode must be one of {PAIR_MODES}")
         if self.reference_power <= 0:
             raise ValueError(f"workload {self.name}: reference_power must be > 0")
         if self.reference not in (0, REFERENCE_VERSION):
@@ -165,6 +173,7 @@ _TINY_CPU = Workload(
     sample_quantile=0.5,
     min_effect=0.07,
     steady_budget_s=60.0,  # ~3 s normally; a GIL-holding thread made steps 70x slower
+    pair_mode="concurrent",
     min_doc_len=32,
     max_doc_len=192,
     notes="tiny Qwen3 target (hidden 64), 2-layer drafter, one thread, host-speed corrected",
@@ -185,6 +194,7 @@ WORKLOADS: dict[str, Workload] = {
         reference=0,
         sample_quantile=0.5,
         min_effect=0.10,  # wall-clock on shared cores: for local use, not a CI gate
+        pair_mode="sequential",  # two ranks per repeat: a pair at once would need 4 cores
         notes="tiny-cpu's shapes as a 1-target + 1-drafter torchrun pipeline",
     ),
     # The paper recipe's shapes on one GPU, target and drafter colocated (1T+1D):
