@@ -57,13 +57,20 @@ def test_rendezvous_waits_for_the_pair_and_is_free_alone(tmp_path):
     assert not t.is_alive() and 0.25 < took[0] < 5
 
 
+def small_concurrent(repeats: int):
+    """tiny-cpu cut to seconds per repeat; skips where pairs cannot run concurrently."""
+    w = get_workload("tiny-cpu").with_changes(
+        seq_len=128, rows=1, max_anchors=8, warmup_steps=2, steps=3, repeats=repeats
+    )
+    why = runner.concurrent_pairs(w, HERE, BASE)
+    if why:
+        pytest.skip(why)
+    return w
+
+
 @pytest.mark.slow
 def test_concurrent_pairs_start_their_steady_steps_together(tmp_path):
-    w = get_workload("tiny-cpu").with_changes(
-        seq_len=128, rows=1, max_anchors=8, warmup_steps=2, steps=3, repeats=2
-    )
-    if runner.concurrent_pairs(w, HERE, BASE):
-        pytest.skip(runner.concurrent_pairs(w, HERE, BASE))
+    w = small_concurrent(repeats=2)
     lines: list[str] = []
     cand, base = runner.run_pairs(w, HERE, BASE, lines.append)
     assert "pairs: concurrent" in lines[0]
@@ -75,11 +82,7 @@ def test_concurrent_pairs_start_their_steady_steps_together(tmp_path):
 
 @pytest.mark.slow
 def test_a_side_that_cannot_start_never_keeps_the_other_waiting(tmp_path):
-    w = get_workload("tiny-cpu").with_changes(
-        seq_len=128, rows=1, max_anchors=8, warmup_steps=2, steps=3, repeats=1
-    )
-    if runner.concurrent_pairs(w, HERE, BASE):
-        pytest.skip(runner.concurrent_pairs(w, HERE, BASE))
+    w = small_concurrent(repeats=1)
     gone = BenchEnv(tmp_path / "no-such-venv" / "bin" / "python", "baseline")
     t0 = time.perf_counter()
     with pytest.raises(runner.RepeatFailed, match="cannot start"):
