@@ -1,6 +1,8 @@
 """Pipeline efficiency of a T-target + D-drafter run (dflash/bench/capacity.py), as JSON:
 each repeat is a pipeline run between two measurements of its stages alone (`--batches`
-batches each); the last line is the median efficiency.
+batches each); the last line is the median efficiency and of its factors: the drafters'
+compute fraction (the rest waits on targets), the share of a core they got while computing,
+and how far their CPU-seconds go against the stage alone (capacity.measure).
 
     .venv/bin/python bench/pipeline_efficiency.py --targets 1 --drafters 1 --repeats 5 \
         --batches 40 -- --max-steps 30 --log-every 5
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     effs = [float(r["efficiency"]) for r in rows]
     summary = {"repeats": len(rows), "efficiency": [round(e, 3) for e in effs]}
     summary["load_average"] = round(os.getloadavg()[0], 2)
+    for key in ("drafter_compute", "drafter_cpu_share", "drafter_work_efficiency"):
+        summary[f"median_{key}"] = round(statistics.median(float(r[key]) for r in rows), 3)
     print(json.dumps({**summary, "median_efficiency": round(statistics.median(effs), 3)}))
     return 0
 

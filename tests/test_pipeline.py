@@ -20,7 +20,7 @@ import torch
 from dflash.config import TrainConfig
 from dflash.distributed.launch import config_argv, plan
 from dflash.distributed.roles import Layout, default_split, resolve_split
-from dflash.distributed.telemetry import verdict
+from dflash.distributed.telemetry import COUNTERS, Clock, verdict
 from dflash.train import train
 
 pytestmark = pytest.mark.slow
@@ -107,6 +107,19 @@ def test_verdict_names_the_slow_side():
     assert verdict(0.02, 0.03, 0.0, 0.0).startswith("balanced")
 
 
+def test_clock_counts_cpu_time_apart_from_wall_time():
+    """A rank that sleeps (waits) adds wall time but no CPU time; one that computes adds both."""
+    clock = Clock()
+    time.sleep(0.2)
+    slept = dict(zip(COUNTERS, clock.counters(), strict=True))
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    spun = dict(zip(COUNTERS, clock.counters(), strict=True))
+    assert slept["elapsed_us"] >= 200_000 and slept["cpu_us"] < 100_000
+    assert spun["cpu_us"] - slept["cpu_us"] >= 200_000
+
+
 def test_two_plus_two_matches_single_process(tmp_path):
     """Same data, seed and global batch (2 drafters x 1 micro-batch = grad_accum 2): the
     tiny preset trained to completion by 4 processes reproduces one process's losses."""
@@ -124,6 +137,7 @@ def test_two_plus_two_matches_single_process(tmp_path):
     for r in ranks:  # every rank reported: fractions of wall time that add up
         parts = r["compute"] + r["wait_send"] + r["wait_recv"] + r["idle"]
         assert r["compute"] > 0 and parts == pytest.approx(1.0, abs=0.02)
+        assert 0 < r["cpu"] < 4  # CPU-seconds per second of one process (a few threads)
     assert pipe[-1]["pipe/target_tok_per_s"] > 0 and pipe[-1]["pipe/drafter_tok_per_s"] > 0
 
 

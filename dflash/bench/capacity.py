@@ -33,23 +33,24 @@ def _sync(device: torch.device) -> None:
 
 
 def stage_capacity(cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> dict[str, float]:
-    """Tokens/s of one target and of one drafter, each alone in this process."""
+    """Tokens/s of one target and of one drafter, each alone in this process, per wall
+    second and per CPU-second of this process."""
     run = build_run(cfg, "single")
     device, target = run.device, run.target
     data = [next(run.stream).to(device) for _ in range(batches + warmup)]
     n_tokens = sum(b.n_tokens for b in data[warmup:])
 
-    def timed(fn) -> float:
+    def timed(fn) -> tuple[float, float]:
         for b in data[:warmup]:
             fn(b)
         _sync(device)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         for b in data[warmup:]:
             fn(b)
         _sync(device)
-        return n_tokens / (time.perf_counter() - t)
+        return n_tokens / (time.perf_counter() - t), n_tokens / (time.process_time() - cpu)
 
-    target_rate = timed(lambda b: target(b.input_ids, b.positions, b.doc_ids))
+    target_rate, target_cpu_rate = timed(lambda b: target(b.input_ids, b.positions, b.doc_ids))
     feats = {id(b): target(b.input_ids, b.positions, b.doc_ids) for b in data}
 
     # The trainer's step over one micro-batch (grad_accum 1), its metrics accumulated on
@@ -59,21 +60,30 @@ def stage_capacity(cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> dict
     def train_one(b) -> None:
         train_step(run, 0, [FeatureBatch(0, b, feats[id(b)], b.n_tokens)], n_micro=1, acc=acc)
 
-    drafter_rate = timed(train_one)
-    return {"target_tok_per_s": target_rate, "drafter_tok_per_s": drafter_rate}
+    drafter_rate, drafter_cpu_rate = timed(train_one)
+    return {
+        "target_tok_per_s": target_rate,
+        "drafter_tok_per_s": drafter_rate,
+        "target_tok_per_cpu_s": target_cpu_rate,
+        "drafter_tok_per_cpu_s": drafter_cpu_rate,
+    }
 
 
-def pipeline_rate(cfg: TrainConfig, nproc: int, timeout: float = 600) -> float:
-    """Drafter-side tokens/s of a torchrun job, averaged over its logging intervals after
-    the first (which holds start-up)."""
+# The pipeline's per-interval telemetry kept by `pipeline_rate` (dflash/distributed/telemetry.py)
+PIPE_KEYS = ("drafter_tok_per_s", "drafter_compute", "drafter_cpu", "target_compute", "target_cpu")
+
+
+def pipeline_rate(cfg: TrainConfig, nproc: int, timeout: float = 600) -> dict[str, float]:
+    """Means over a torchrun job's logging intervals after the first (which holds
+    start-up) of its drafter-side tokens/s and of each role's compute and CPU fractions."""
     cmd = torchrun_command(cfg, nproc, module="dflash.distributed.rank_cli")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     subprocess.run(cmd, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL)
     lines = (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()
-    rates = [json.loads(x)["pipe/drafter_tok_per_s"] for x in lines][1:]
-    if not rates:
+    recs = [json.loads(x) for x in lines if x.strip()][1:]
+    if not recs:
         raise ValueError("need at least two logging steps: raise --max-steps or lower --log-every")
-    return sum(rates) / len(rates)
+    return {k: sum(r[f"pipe/{k}"] for r in recs) / len(recs) for k in PIPE_KEYS}
 
 
 def measure(cfg: TrainConfig, batches: int = 12) -> dict[str, Any]:
@@ -83,7 +93,7 @@ def measure(cfg: TrainConfig, batches: int = 12) -> dict[str, Any]:
     if not (cfg.targets and cfg.drafters):
         raise ValueError("set --targets and --drafters")
     before = stage_capacity(cfg, batches)
-    measured = pipeline_rate(cfg, cfg.targets + cfg.drafters)
+    pipe = pipeline_rate(cfg, cfg.targets + cfg.drafters)
     after = stage_capacity(cfg, batches)
     alone = {k: math.sqrt(before[k] * after[k]) for k in before}
     stages = {
@@ -91,6 +101,16 @@ def measure(cfg: TrainConfig, batches: int = 12) -> dict[str, Any]:
         "drafters": cfg.drafters * alone["drafter_tok_per_s"],
     }
     slowest = min(stages, key=lambda k: stages[k])
+    measured = pipe["drafter_tok_per_s"]
+    # Efficiency = compute x share x work / alone_cpu, exactly: the fraction of wall time
+    # the drafters spend in their step (the rest is waiting on targets), the CPU-seconds
+    # they got per second of that step (below 1: runnable, but another process had the
+    # core), how far each CPU-second of the pipeline's step goes against one of the step
+    # alone (below 1: extra work, e.g. copies, a comms thread), over the CPU-seconds per
+    # second the step alone got (about 1: it had a core). One drafter's view; with the
+    # drafters slowest it is the pipeline's.
+    cpu = pipe["drafter_cpu"]
+    per_cpu_s = measured / cfg.drafters / cpu if cpu > 0 else float("nan")
     return {
         "targets": cfg.targets,
         "drafters": cfg.drafters,
@@ -101,5 +121,10 @@ def measure(cfg: TrainConfig, batches: int = 12) -> dict[str, Any]:
         "capacity_tok_per_s": stages[slowest],
         "measured_tok_per_s": measured,
         "efficiency": measured / stages[slowest],
+        "drafter_compute": pipe["drafter_compute"],
+        "drafter_cpu_share": cpu / pipe["drafter_compute"] if pipe["drafter_compute"] else 0.0,
+        "drafter_work_efficiency": per_cpu_s / alone["drafter_tok_per_cpu_s"],
+        "drafter_alone_cpu": alone["drafter_tok_per_s"] / alone["drafter_tok_per_cpu_s"],
+        "target_cpu": pipe["target_cpu"],
         "device": str(resolve_device(cfg)),
     }
