@@ -4,6 +4,7 @@ worker.rendezvous), so the shared host's drift is the same for both sides."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -46,7 +47,7 @@ def test_pair_mode_is_policy_validated_and_outside_the_hash():
 
 def test_rendezvous_waits_for_the_pair_and_is_free_alone(tmp_path):
     assert rendezvous({}) == 0.0
-    env = {BARRIER_ENV: f"{tmp_path}:2"}
+    env = {BARRIER_ENV: f"{tmp_path}{os.pathsep}2"}
     took: list[float] = []
     t = threading.Thread(target=lambda: took.append(rendezvous(env)))
     t.start()

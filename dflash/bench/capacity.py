@@ -70,12 +70,13 @@ def stage_capacity(cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> dict
 
 
 # The pipeline's per-interval telemetry kept by `pipeline_rate` (dflash/distributed/telemetry.py)
-PIPE_KEYS = ("drafter_tok_per_s", "drafter_compute", "drafter_cpu", "target_compute", "target_cpu")
+PIPE_KEYS = ("drafter_tok_per_s", "drafter_compute", "drafter_cpu", "target_cpu")
 
 
 def pipeline_rate(cfg: TrainConfig, nproc: int, timeout: float = 600) -> dict[str, float]:
     """Means over a torchrun job's logging intervals after the first (which holds
-    start-up) of its drafter-side tokens/s and of each role's compute and CPU fractions."""
+    start-up) of its drafter-side tokens/s, the drafters' compute fraction and each role's
+    CPU-seconds per second."""
     cmd = torchrun_command(cfg, nproc, module="dflash.distributed.rank_cli")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     subprocess.run(cmd, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL)

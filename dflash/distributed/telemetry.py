@@ -1,13 +1,14 @@
 """Per-rank time accounting and the one-line bottleneck verdict of every logging step.
 
 Each rank keeps cumulative counters (microseconds computing, waiting to send, waiting to
-receive, elapsed, and of CPU time used by the whole process; batches in flight; tokens). They only grow, so the freshest values of
-every rank are an elementwise MAX: targets ride theirs on each batch header, drafters
-fill their own row, and one all_reduce(MAX) among drafters on a logging step gathers the
-whole pipeline. Differences between two logging steps give the fractions below;
-idle = elapsed - compute - waits (data loading, packing, logging, checkpoints). A
-drafter's compute includes its gradient all_reduce, so time spent waiting there for a
-slower drafter counts as compute (drafters get equal work by construction).
+receive, elapsed, and of CPU time used by the whole process; batches in flight; tokens).
+They only grow, so the freshest values of every rank are an elementwise MAX: targets ride
+theirs on each batch header, drafters fill their own row, and one all_reduce(MAX) among
+drafters on a logging step gathers the whole pipeline. Differences between two logging
+steps give the fractions below; idle = elapsed - compute - waits (data loading, packing,
+logging, checkpoints). A drafter's compute includes its gradient all_reduce, so time
+spent waiting there for a slower drafter counts as compute (drafters get equal work by
+construction).
 
 CPU time against wall time tells a rank that computes from one that is runnable but
 descheduled: on a shared host, `cpu` below `compute` is the share of its core that other
