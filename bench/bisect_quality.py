@@ -9,6 +9,11 @@ runs but the two venvs; one JSON line per run (answer, measurements, wall time),
 the summary. Issue 15's target: the slow package alone in >= 9 of 10 runs, each within
 15 minutes on the 2-core CI machine.
 
+The differences are bisected in name order, and ddmin tries the first half first: the
+default name, `busy-telemetry`, sorts before the inert `inert-extra-*` packages (the
+fewest measurements, 4 for 8); `--slow-name zz-busy-telemetry` sorts it last (the most
+one cause can need, 7).
+
     .venv/bin/python bench/bisect_quality.py --runs 10 --out bisect_quality.json
 """
 
@@ -25,10 +30,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SLOW = "busy-telemetry"
 
 
-def environments(scratch: Path, busy: float, idle: float, inert: int) -> tuple[Path, Path]:
+def environments(
+    scratch: Path, slow: str, busy: float, idle: float, inert: int
+) -> tuple[Path, Path]:
     """(GOOD, BAD) venv directories; BAD holds `inert` inert packages and the slow one."""
     sys.path.insert(0, str(REPO / "tests"))
     from wheels import busy_thread_wheel, inert_wheel
@@ -44,7 +50,7 @@ def environments(scratch: Path, busy: float, idle: float, inert: int) -> tuple[P
     splice(same, same, [], bad)  # a hard-link copy of GOOD, then the extra packages
     w = scratch / "wheels"
     wheels = [inert_wheel(w, f"inert-extra-{i}") for i in range(inert)]
-    wheels.insert(inert // 2, busy_thread_wheel(w, SLOW, busy=busy, idle=idle))
+    wheels.insert(inert // 2, busy_thread_wheel(w, slow, busy=busy, idle=idle))
     subprocess.run(
         ["uv", "pip", "install", "-q", "--python", str(bad / "bin" / "python"), *map(str, wheels)],
         check=True,
@@ -52,7 +58,7 @@ def environments(scratch: Path, busy: float, idle: float, inert: int) -> tuple[P
     return good, bad
 
 
-def one_run(good: Path, bad: Path, store: Path, extra: list[str]) -> dict:
+def one_run(good: Path, bad: Path, store: Path, slow: str, extra: list[str]) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "dflash"), "bench", "bisect", str(good), str(bad),
@@ -67,7 +73,7 @@ def one_run(good: Path, bad: Path, store: Path, extra: list[str]) -> dict:
     return {
         "exit": proc.returncode,
         "minimal": minimal,
-        "named_alone": len(minimal) == 1 and minimal[0].split()[:2] == ["+", SLOW],
+        "named_alone": len(minimal) == 1 and minimal[0].split()[:2] == ["+", slow],
         "measurements": len(found.get("steps", [])),
         "ratios": [round(s["ratio"], 3) for s in found.get("steps", [])],
         "wall_s": round(wall),
@@ -79,6 +85,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--busy", default="0.0005/0.0045", help="BUSY/IDLE seconds of the slow package")
+    ap.add_argument("--slow-name", default="busy-telemetry", help="the slow package's name")
     ap.add_argument("--inert", type=int, default=7, help="inert extra packages (default 7)")
     ap.add_argument("--out", default="bisect_quality.json")
     ap.add_argument("flags", nargs="*", help="more `dflash bench bisect` flags, after --")
@@ -87,12 +94,13 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="dflash-bisectq-", dir=Path.home() / ".cache"))
     rows: list[dict] = []
     try:
-        good, bad = environments(scratch, busy, idle, args.inert)
+        good, bad = environments(scratch, args.slow_name, busy, idle, args.inert)
         for i in range(args.runs):
-            rows.append(one_run(good, bad, scratch / "store", args.flags))
+            rows.append(one_run(good, bad, scratch / "store", args.slow_name, args.flags))
             print(json.dumps({"run": i + 1, **rows[-1]}), flush=True)
             walls = [r["wall_s"] for r in rows]
             summary = {
+                "slow": args.slow_name,
                 "busy": args.busy,
                 "differences": args.inert + 1,
                 "named_alone": f"{sum(r['named_alone'] for r in rows)}/{len(rows)}",
