@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,7 +105,7 @@ def main() -> int:
                 "busy": args.busy,
                 "differences": args.inert + 1,
                 "named_alone": f"{sum(r['named_alone'] for r in rows)}/{len(rows)}",
-                "wall_s": {"min": min(walls), "median": sorted(walls)[len(walls) // 2],
+                "wall_s": {"min": min(walls), "median": round(statistics.median(walls)),
                            "max": max(walls)},
                 "within_15_min": f"{sum(w <= 900 for w in walls)}/{len(rows)}",
                 "runs": rows,
