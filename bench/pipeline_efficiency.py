@@ -6,6 +6,11 @@ and how far their CPU-seconds go against the stage alone (capacity.measure).
 
     .venv/bin/python bench/pipeline_efficiency.py --targets 1 --drafters 1 --repeats 5 \
         --batches 40 -- --max-steps 30 --log-every 5
+
+`--busy N` starts N other tenants first (each a pure-Python loop in its own process, 5 s
+before the first repeat, killed at the end) and reports the CPU-seconds per second they
+got while each pipeline ran (`tenant_cpu`): what a change such as `--pin-cpus` takes
+from them is then measured, not assumed.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -30,8 +37,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="run directories' parent (default: temp)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--batches", type=int, default=12, help="batches per stage alone")
+    parser.add_argument("--busy", type=int, default=0, help="other tenants to start first")
     parser.add_argument("flags", nargs="*", help="more `dflash train` flags, after --")
     args = parser.parse_args(argv)
+    tenants = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)
+    ]
+    try:
+        if tenants:
+            time.sleep(5)
+        return _run(args, tenants)
+    finally:
+        for t in tenants:
+            t.kill()
+            t.wait()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _run(args: argparse.Namespace, tenants: list[subprocess.Popen]) -> int:
     from dflash.train_cli import add_arguments, config_from_args
 
     train_parser = argparse.ArgumentParser()
@@ -40,15 +68,17 @@ def main(argv: list[str] | None = None) -> int:
     base = ["--wandb", "off", "--targets", str(args.targets), "--drafters", str(args.drafters)]
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     rows = []
+    probe = (lambda: sum(_cpu_seconds(t.pid) for t in tenants)) if tenants else None
     for i in range(args.repeats):
         run = ["--out", str(out / f"run{i}")]
         cfg = config_from_args(train_parser.parse_args(base + run + args.flags))
-        rows.append(measure(cfg, args.batches))
+        rows.append(measure(cfg, args.batches, tenant_cpu=probe))
         print(json.dumps(rows[-1]), flush=True)
     effs = [float(r["efficiency"]) for r in rows]
     summary = {"repeats": len(rows), "efficiency": [round(e, 3) for e in effs]}
     summary["load_average"] = round(os.getloadavg()[0], 2)
-    for key in ("drafter_compute", "drafter_cpu_share", "drafter_work_efficiency"):
+    keys = ["drafter_compute", "drafter_cpu_share", "drafter_work_efficiency"]
+    for key in keys + (["tenant_cpu"] if tenants else []):
         summary[f"median_{key}"] = round(statistics.median(float(r[key]) for r in rows), 3)
     print(json.dumps({**summary, "median_efficiency": round(statistics.median(effs), 3)}))
     return 0

@@ -170,6 +170,10 @@ class TrainConfig:
     dist_timeout: float = field(
         default=600.0, metadata={"help": "seconds before a silent peer fails the job"}
     )
+    pin_cpus: bool = field(
+        default=False,
+        metadata={"help": "CPU pipeline: each rank on one allowed CPU of its own"},
+    )
 
     def __post_init__(self) -> None:
         self.preset = _typed("preset", self.preset, str)
@@ -256,4 +260,4 @@ class TrainConfig:
     RESUMABLE_CHANGES += ("allow_dirty_env", "out", "compile", "device", "attn", "config")
     # The number of targets never changes what is trained (see dflash/distributed/roles.py);
     # the number of drafters does (global batch = drafters x grad_accum micro-batches).
-    RESUMABLE_CHANGES += ("targets", "max_in_flight", "dist_timeout")
+    RESUMABLE_CHANGES += ("targets", "max_in_flight", "dist_timeout", "pin_cpus")

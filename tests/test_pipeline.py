@@ -244,3 +244,83 @@ def test_sigterm_checkpoints_at_next_logging_step_and_exits(tmp_path):
     for pid in pids.values():
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+
+
+def _allowed_cpus(pid: int) -> str:
+    """Cpus_allowed_list of a process's main thread."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list in /proc/{pid}/status")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_pin_cpus_puts_each_ranks_main_thread_on_its_own_cpu(tmp_path):
+    run = tmp_path / "pin"
+    flags = ["--targets", "1", "--drafters", "1", "--pin-cpus", "--max-steps", "2000"]
+    proc = start(2, run, *flags, "--log-every", "2")
+    deadline = time.monotonic() + 300
+    metrics = run / "metrics.jsonl"
+    while not (metrics.exists() and "\n" in metrics.read_text()):  # one whole line
+        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, "no metrics line within 300 s"
+        time.sleep(0.05)
+    pids = _rank_pids(proc.pid)
+    allowed = {rank: _allowed_cpus(pid) for rank, pid in pids.items()}
+    os.kill(proc.pid, signal.SIGTERM)  # stops at the next logging step
+    _, log = finish(proc, timeout=90)
+    assert "interrupted at step" in log, log[-3000:]
+    assert set(allowed) == {0, 1}, allowed
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    # rank 0 is local rank 0: the first allowed CPU; rank 1 the second
+    assert allowed == {0: str(cpus[0]), 1: str(cpus[1])}, allowed
+    assert (
+        f"(drafter 0): pinned to CPU {cpus[0]}" in log
+        and f"(target 0): pinned to CPU {cpus[1]}" in log
+    ), log[-3000:]
+
+
+def test_pin_cpus_errors_name_the_flag_and_the_fix(monkeypatch):
+    from dflash.distributed import pipeline
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(pipeline.os, "sched_getaffinity", lambda _: {3})
+    with pytest.raises(
+        ValueError,
+        match="--pin-cpus needs a CPU per rank: 2 ranks on this node, CPUs allowed: 1; drop --pin-cpus",
+    ):
+        pipeline._pin(torch.device("cpu"))
+    with pytest.raises(ValueError, match="--pin-cpus is for CPU runs; this rank runs on cuda:1"):
+        pipeline._pin(torch.device("cuda", 1))
+
+
+def _tenants() -> set[int]:
+    """Live (not zombie) processes running the benchmark's busy loop."""
+    found = set()
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"while True: pass" in cmd and state not in "ZX":
+            found.add(pid)
+    return found
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_efficiency_bench_measures_its_busy_tenant_and_stops_it():
+    before = _tenants()
+    cmd = [sys.executable, "bench/pipeline_efficiency.py", "--targets", "1", "--drafters", "1"]
+    cmd += ["--busy", "1", "--batches", "3", "--", "--max-steps", "6", "--log-every", "2"]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    proc = subprocess.run(
+        [*cmd, "--pin-cpus"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    # A pure-Python loop beside a 2-rank pipeline on >= 2 CPUs gets some CPU, at most one.
+    assert 0.05 < summary["median_tenant_cpu"] <= 1.05, summary
+    assert summary["median_efficiency"] > 0
+    assert _tenants() == before  # killed at the end

@@ -15,6 +15,7 @@ import math
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +88,21 @@ def pipeline_rate(cfg: TrainConfig, nproc: int, timeout: float = 600) -> dict[st
     return {k: sum(r[f"pipe/{k}"] for r in recs) / len(recs) for k in PIPE_KEYS}
 
 
-def measure(cfg: TrainConfig, batches: int = 12) -> dict[str, Any]:
+def measure(
+    cfg: TrainConfig, batches: int = 12, tenant_cpu: Callable[[], float] | None = None
+) -> dict[str, Any]:
     """One pipeline run between two measurements of its stages alone: the capacity is
     the geometric mean of the two, so a drift of the host during the run (another
-    tenant starting or stopping, the clock changing) weighs on both sides alike."""
+    tenant starting or stopping, the clock changing) weighs on both sides alike.
+    `tenant_cpu`: CPU-seconds used so far by other processes on the host (a tenant's);
+    the result then holds what they got per second while the pipeline ran."""
     if not (cfg.targets and cfg.drafters):
         raise ValueError("set --targets and --drafters")
     before = stage_capacity(cfg, batches)
+    tenant0, t0 = tenant_cpu() if tenant_cpu else 0.0, time.perf_counter()
     pipe = pipeline_rate(cfg, cfg.targets + cfg.drafters)
+    if tenant_cpu:
+        pipe["tenant_cpu"] = (tenant_cpu() - tenant0) / (time.perf_counter() - t0)
     after = stage_capacity(cfg, batches)
     alone = {k: math.sqrt(before[k] * after[k]) for k in before}
     stages = {
@@ -127,5 +135,6 @@ def measure(cfg: TrainConfig, batches: int = 12) -> dict[str, Any]:
         "drafter_work_efficiency": per_cpu_s / alone["drafter_tok_per_cpu_s"],
         "drafter_alone_cpu": alone["drafter_tok_per_s"] / alone["drafter_tok_per_cpu_s"],
         "target_cpu": pipe["target_cpu"],
+        **({"tenant_cpu": pipe["tenant_cpu"]} if tenant_cpu else {}),
         "device": str(resolve_device(cfg)),
     }
