@@ -58,6 +58,16 @@ def records(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def wait_for_metrics(proc: subprocess.Popen, run: Path, timeout: float) -> None:
+    """Until the running job has written one whole metrics line (a logging step)."""
+    deadline = time.monotonic() + timeout
+    metrics = run / "metrics.jsonl"
+    while not (metrics.exists() and "\n" in metrics.read_text()):
+        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, f"no logging step within {timeout:.0f} s"
+        time.sleep(0.05)
+
+
 def single_process_losses(tmp_path: Path, name: str, **kw) -> list[float]:
     torch.set_num_threads(1)
     train(TrainConfig(out=str(tmp_path / name), wandb="off", **kw))
@@ -225,11 +235,7 @@ def test_sigterm_checkpoints_at_next_logging_step_and_exits(tmp_path):
     run = tmp_path / "run"
     flags = ["--targets", "1", "--drafters", "1", "--max-steps", "400", "--log-every", "4"]
     proc = start(2, run, *flags)
-    deadline = time.monotonic() + 120
-    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
-        assert proc.poll() is None, proc.communicate()[0][-4000:]
-        assert time.monotonic() < deadline, "no logging step within 120 s"
-        time.sleep(0.05)
+    wait_for_metrics(proc, run, timeout=120)
     pids = _rank_pids(proc.pid)
     os.kill(proc.pid, signal.SIGTERM)
     sent = time.monotonic()
@@ -259,12 +265,7 @@ def test_pin_cpus_puts_each_ranks_main_thread_on_its_own_cpu(tmp_path):
     run = tmp_path / "pin"
     flags = ["--targets", "1", "--drafters", "1", "--pin-cpus", "--max-steps", "2000"]
     proc = start(2, run, *flags, "--log-every", "2")
-    deadline = time.monotonic() + 300
-    metrics = run / "metrics.jsonl"
-    while not (metrics.exists() and "\n" in metrics.read_text()):  # one whole line
-        assert proc.poll() is None, proc.communicate()[0][-4000:]
-        assert time.monotonic() < deadline, "no metrics line within 300 s"
-        time.sleep(0.05)
+    wait_for_metrics(proc, run, timeout=300)
     pids = _rank_pids(proc.pid)
     allowed = {rank: _allowed_cpus(pid) for rank, pid in pids.items()}
     os.kill(proc.pid, signal.SIGTERM)  # stops at the next logging step

@@ -101,8 +101,9 @@ def measure(
     before = stage_capacity(cfg, batches)
     tenant0, t0 = tenant_cpu() if tenant_cpu else 0.0, time.perf_counter()
     pipe = pipeline_rate(cfg, cfg.targets + cfg.drafters)
+    tenant = {}
     if tenant_cpu:
-        pipe["tenant_cpu"] = (tenant_cpu() - tenant0) / (time.perf_counter() - t0)
+        tenant["tenant_cpu"] = (tenant_cpu() - tenant0) / (time.perf_counter() - t0)
     after = stage_capacity(cfg, batches)
     alone = {k: math.sqrt(before[k] * after[k]) for k in before}
     stages = {
@@ -135,6 +136,6 @@ def measure(
         "drafter_work_efficiency": per_cpu_s / alone["drafter_tok_per_cpu_s"],
         "drafter_alone_cpu": alone["drafter_tok_per_s"] / alone["drafter_tok_per_cpu_s"],
         "target_cpu": pipe["target_cpu"],
-        **({"tenant_cpu": pipe["tenant_cpu"]} if tenant_cpu else {}),
+        **tenant,
         "device": str(resolve_device(cfg)),
     }
