@@ -10,7 +10,11 @@ and how far their CPU-seconds go against the stage alone (capacity.measure).
 `--busy N` starts N other tenants first (each a pure-Python loop in its own process, 5 s
 before the first repeat, killed at the end) and reports the CPU-seconds per second they
 got while each pipeline ran (`tenant_cpu`): what a change such as `--pin-cpus` takes
-from them is then measured, not assumed.
+from them is then measured, not assumed. With tenants, each repeat also reports
+`cpu_bound`, the highest efficiency the CPUs they leave allow (capacity.cpu_bound), and
+`efficiency_of_bound`, how much of it the pipeline reached. `--busy-nice N` starts them
+at niceness N (`nice -n N`, as background jobs are often run), default 0: the same
+priority as the pipeline.
 """
 
 from __future__ import annotations
@@ -38,11 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--batches", type=int, default=12, help="batches per stage alone")
     parser.add_argument("--busy", type=int, default=0, help="other tenants to start first")
+    parser.add_argument(
+        "--busy-nice", type=int, default=0, help="the tenants' niceness, 0 (default) to 19"
+    )
     parser.add_argument("flags", nargs="*", help="more `dflash train` flags, after --")
     args = parser.parse_args(argv)
-    tenants = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)
-    ]
+    if not 0 <= args.busy_nice <= 19:
+        parser.error(f"--busy-nice {args.busy_nice} is out of range: use a niceness from 0 to 19")
+    tenants = start_tenants(args.busy, args.busy_nice)
     try:
         if tenants:
             time.sleep(5)
@@ -51,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
         for t in tenants:
             t.kill()
             t.wait()
+
+
+def start_tenants(n: int, nice: int = 0) -> list[subprocess.Popen]:
+    """n pure-Python busy loops, each in its own process at niceness `nice`."""
+    tenants = []
+    for _ in range(n):
+        tenants.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        os.setpriority(os.PRIO_PROCESS, tenants[-1].pid, nice)
+    return tenants
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -78,7 +94,8 @@ def _run(args: argparse.Namespace, tenants: list[subprocess.Popen]) -> int:
     summary = {"repeats": len(rows), "efficiency": [round(e, 3) for e in effs]}
     summary["load_average"] = round(os.getloadavg()[0], 2)
     keys = ["drafter_compute", "drafter_cpu_share", "drafter_work_efficiency"]
-    for key in keys + (["tenant_cpu"] if tenants else []):
+    tenant_keys = ["tenant_cpu", "cpu_bound", "efficiency_of_bound"] if tenants else []
+    for key in keys + tenant_keys:
         summary[f"median_{key}"] = round(statistics.median(float(r[key]) for r in rows), 3)
     print(json.dumps({**summary, "median_efficiency": round(statistics.median(effs), 3)}))
     return 0

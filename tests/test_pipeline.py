@@ -6,6 +6,7 @@ session, killed as a whole if a test fails or times out.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -324,4 +325,42 @@ def test_efficiency_bench_measures_its_busy_tenant_and_stops_it():
     # A pure-Python loop beside a 2-rank pipeline on >= 2 CPUs gets some CPU, at most one.
     assert 0.05 < summary["median_tenant_cpu"] <= 1.05, summary
     assert summary["median_efficiency"] > 0
+    # What the tenant leaves of 2+ CPUs allows at least ~half the capacity, and the
+    # efficiency is that bound times the pipeline's own part.
+    assert 0.3 < summary["median_cpu_bound"] <= 1.0, summary
+    row = json.loads(proc.stdout.splitlines()[-2])
+    assert row["efficiency"] == pytest.approx(row["cpu_bound"] * row["efficiency_of_bound"])
     assert _tenants() == before  # killed at the end
+
+
+def test_cpu_bound_is_the_tokens_the_cpus_left_can_make():
+    from dflash.bench.capacity import cpu_bound
+
+    # 1.285 cores at 24.8K (target) and 17.4K (drafter) tok per CPU-second make
+    # 1.285 / (1/24800 + 1/17400) = 13,141 tok/s: 0.755 of the drafter's 17.4K.
+    assert cpu_bound(1.285, 24_800.0, 17_400.0, 17_400.0) == pytest.approx(0.7552, abs=1e-4)
+    assert cpu_bound(2.0, 24_800.0, 17_400.0, 17_400.0) == 1.0  # the CPU does not limit
+    assert cpu_bound(-0.1, 24_800.0, 17_400.0, 17_400.0) == 0.0
+
+
+def test_efficiency_bench_starts_tenants_at_the_niceness_asked_and_checks_it():
+    spec = importlib.util.spec_from_file_location("pipe_eff", ROOT / "bench/pipeline_efficiency.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tenants = mod.start_tenants(2, nice=19)
+    try:
+        assert [os.getpriority(os.PRIO_PROCESS, t.pid) for t in tenants] == [19, 19]
+    finally:
+        for t in tenants:
+            t.kill()
+            t.wait()
+    proc = subprocess.run(
+        [sys.executable, "bench/pipeline_efficiency.py", "--targets", "1", "--drafters", "1"]
+        + ["--busy", "1", "--busy-nice", "-5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--busy-nice -5 is out of range: use a niceness from 0 to 19" in proc.stderr

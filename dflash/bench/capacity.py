@@ -70,6 +70,22 @@ def stage_capacity(cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> dict
     }
 
 
+def cpu_bound(
+    cpus_left: float, target_tok_per_cpu_s: float, drafter_tok_per_cpu_s: float, capacity: float
+) -> float:
+    """The highest efficiency that `cpus_left` cores allow: every token costs one target
+    pass and one drafter step, at the CPU-seconds per token of each stage alone, so those
+    cores make at most cpus_left / (1/target + 1/drafter) tokens/s; 1.0 when that exceeds
+    the slowest stage's capacity (the CPU is then not what limits).
+
+    Beside another tenant this is the part of the shortfall that is arithmetic, not the
+    pipeline's: on 2 cores with a tenant taking 0.7 of one, a drafter at 17.4K and a
+    target at 24.8K tok/s per CPU-second can reach at most 0.75 of the drafter's
+    capacity, however well they are scheduled."""
+    per_token = 1 / target_tok_per_cpu_s + 1 / drafter_tok_per_cpu_s
+    return min(1.0, max(cpus_left, 0.0) / per_token / capacity)
+
+
 # The pipeline's per-interval telemetry kept by `pipeline_rate` (dflash/distributed/telemetry.py)
 PIPE_KEYS = ("drafter_tok_per_s", "drafter_compute", "drafter_cpu", "target_cpu")
 
@@ -101,9 +117,7 @@ def measure(
     before = stage_capacity(cfg, batches)
     tenant0, t0 = tenant_cpu() if tenant_cpu else 0.0, time.perf_counter()
     pipe = pipeline_rate(cfg, cfg.targets + cfg.drafters)
-    tenant = {}
-    if tenant_cpu:
-        tenant["tenant_cpu"] = (tenant_cpu() - tenant0) / (time.perf_counter() - t0)
+    tenant_got = (tenant_cpu() - tenant0) / (time.perf_counter() - t0) if tenant_cpu else 0.0
     after = stage_capacity(cfg, batches)
     alone = {k: math.sqrt(before[k] * after[k]) for k in before}
     stages = {
@@ -119,6 +133,21 @@ def measure(
     # alone (below 1: extra work, e.g. copies, a comms thread), over the CPU-seconds per
     # second the step alone got (about 1: it had a core). One drafter's view; with the
     # drafters slowest it is the pipeline's.
+    efficiency = measured / stages[slowest]
+    tenant = {}
+    if tenant_cpu:
+        # What the other tenant's CPU leaves of this process's CPUs caps the efficiency;
+        # the rest of the shortfall (efficiency / cpu_bound) is the pipeline's own.
+        left = len(os.sched_getaffinity(0)) - tenant_got
+        bound = cpu_bound(
+            left, alone["target_tok_per_cpu_s"], alone["drafter_tok_per_cpu_s"], stages[slowest]
+        )
+        tenant = {
+            "tenant_cpu": tenant_got,
+            "cpus_left": left,
+            "cpu_bound": bound,
+            "efficiency_of_bound": efficiency / bound if bound > 0 else float("nan"),
+        }
     cpu = pipe["drafter_cpu"]
     per_cpu_s = measured / cfg.drafters / cpu if cpu > 0 else float("nan")
     return {
@@ -130,7 +159,7 @@ def measure(
         "slowest_stage": slowest,
         "capacity_tok_per_s": stages[slowest],
         "measured_tok_per_s": measured,
-        "efficiency": measured / stages[slowest],
+        "efficiency": efficiency,
         "drafter_compute": pipe["drafter_compute"],
         "drafter_cpu_share": cpu / pipe["drafter_compute"] if pipe["drafter_compute"] else 0.0,
         "drafter_work_efficiency": per_cpu_s / alone["drafter_tok_per_cpu_s"],
