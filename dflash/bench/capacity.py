@@ -80,8 +80,8 @@ def cpu_bound(
 
     Beside another tenant this is the part of the shortfall that is arithmetic, not the
     pipeline's: on 2 cores with a tenant taking 0.7 of one, a drafter at 17.4K and a
-    target at 24.8K tok/s per CPU-second can reach at most 0.75 of the drafter's
-    capacity, however well they are scheduled."""
+    target at 24.8K tok/s per CPU-second make at most 1.3 / (1/24.8K + 1/17.4K) = 13.3K
+    tok/s, 0.76 of the drafter's capacity, however well they are scheduled."""
     per_token = 1 / target_tok_per_cpu_s + 1 / drafter_tok_per_cpu_s
     return min(1.0, max(cpus_left, 0.0) / per_token / capacity)
 
@@ -111,7 +111,8 @@ def measure(
     the geometric mean of the two, so a drift of the host during the run (another
     tenant starting or stopping, the clock changing) weighs on both sides alike.
     `tenant_cpu`: CPU-seconds used so far by other processes on the host (a tenant's);
-    the result then holds what they got per second while the pipeline ran."""
+    the result then holds what they got per second while the pipeline ran, the highest
+    efficiency the CPUs they left allow (`cpu_bound`) and the pipeline's part of it."""
     if not (cfg.targets and cfg.drafters):
         raise ValueError("set --targets and --drafters")
     before = stage_capacity(cfg, batches)
@@ -126,13 +127,6 @@ def measure(
     }
     slowest = min(stages, key=lambda k: stages[k])
     measured = pipe["drafter_tok_per_s"]
-    # Efficiency = compute x share x work / alone_cpu, exactly: the fraction of wall time
-    # the drafters spend in their step (the rest is waiting on targets), the CPU-seconds
-    # they got per second of that step (below 1: runnable, but another process had the
-    # core), how far each CPU-second of the pipeline's step goes against one of the step
-    # alone (below 1: extra work, e.g. copies, a comms thread), over the CPU-seconds per
-    # second the step alone got (about 1: it had a core). One drafter's view; with the
-    # drafters slowest it is the pipeline's.
     efficiency = measured / stages[slowest]
     tenant = {}
     if tenant_cpu:
@@ -148,6 +142,13 @@ def measure(
             "cpu_bound": bound,
             "efficiency_of_bound": efficiency / bound if bound > 0 else float("nan"),
         }
+    # Efficiency = compute x share x work / alone_cpu, exactly: the fraction of wall time
+    # the drafters spend in their step (the rest is waiting on targets), the CPU-seconds
+    # they got per second of that step (below 1: runnable, but another process had the
+    # core), how far each CPU-second of the pipeline's step goes against one of the step
+    # alone (below 1: extra work, e.g. copies, a comms thread), over the CPU-seconds per
+    # second the step alone got (about 1: it had a core). One drafter's view; with the
+    # drafters slowest it is the pipeline's.
     cpu = pipe["drafter_cpu"]
     per_cpu_s = measured / cfg.drafters / cpu if cpu > 0 else float("nan")
     return {
