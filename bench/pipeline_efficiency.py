@@ -55,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(5)
         return _run(args, tenants)
     finally:
-        for t in tenants:
-            t.kill()
-            t.wait()
+        stop_tenants(tenants)
 
 
 def start_tenants(n: int, nice: int = 0) -> list[subprocess.Popen]:
@@ -67,6 +65,13 @@ def start_tenants(n: int, nice: int = 0) -> list[subprocess.Popen]:
         tenants.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         os.setpriority(os.PRIO_PROCESS, tenants[-1].pid, nice)
     return tenants
+
+
+def stop_tenants(tenants: list[subprocess.Popen]) -> None:
+    """Kill and reap them (no zombies left behind)."""
+    for t in tenants:
+        t.kill()
+        t.wait()
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from bench_fakes import make_record
+from scripts import load_script
 
 from dflash.bench import image_env
 from dflash.bench.image_env import RESULT_MARKER, ImageEnv, image_pair_envs
@@ -105,15 +106,11 @@ def test_second_image_run_is_paired_with_the_baseline_image(tmp_path):
 
 
 def test_rmi_refuses_an_accepted_baselines_image_without_force(tmp_path, monkeypatch):
-    import importlib.util
-
     from dflash.bench.store import Store, baseline_images
 
-    spec = importlib.util.spec_from_file_location(
-        "dflash_images_build", Path(__file__).resolve().parents[1] / "images" / "build.py"
+    build = load_script(
+        Path(__file__).resolve().parents[1] / "images" / "build.py", "dflash_images_build"
     )
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
     monkeypatch.setenv("DFLASH_BENCH_STORE", str(tmp_path))
     image_id = "sha256:" + "a" * 64
     store = Store(tmp_path)

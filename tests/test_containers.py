@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_IMAGE = os.environ.get("DFLASH_TEST_IMAGE", "")
@@ -39,10 +39,7 @@ pytestmark = [
 
 
 def _load_build():
-    spec = importlib.util.spec_from_file_location("dflash_images_build", ROOT / "images/build.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "images/build.py", "dflash_images_build")
 
 
 def _unavailable(why: str):

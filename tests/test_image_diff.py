@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 from dflash.envcheck.image_read import resolve_in_root
 from dflash.envcheck.manifest_diff import diff_manifests, differs, summarize_diff
@@ -32,9 +33,7 @@ from dflash.envcheck.site_files import site_files, sonames
 
 ROOT = Path(__file__).resolve().parents[1]
 DFLASH = [sys.executable, "-m", "dflash.cli"]
-_spec = importlib.util.spec_from_file_location("dflash_images_build", ROOT / "images" / "build.py")
-build = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(build)
+build = load_script(ROOT / "images" / "build.py", "dflash_images_build")
 SHA_A, SHA_B = "a" * 64, "b" * 64
 
 

@@ -12,7 +12,6 @@ Containers started from the image: tests/test_containers.py.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import os
 import re
@@ -24,16 +23,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_PY = ROOT / "images" / "build.py"
 
 
 def _load_build():
-    spec = importlib.util.spec_from_file_location("dflash_images_build", BUILD_PY)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BUILD_PY, "dflash_images_build")
 
 
 build = _load_build()

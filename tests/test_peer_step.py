@@ -10,7 +10,6 @@ printed is the ratio.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -18,17 +17,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "peer_step.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("dflash_peer_step", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "dflash_peer_step")
 
 
 def test_shapes_refuse_blocks_as_long_as_the_row(capsys):

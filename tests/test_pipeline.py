@@ -6,7 +6,6 @@ session, killed as a whole if a test fails or times out.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from scripts import load_script
 
 from dflash.config import TrainConfig
 from dflash.distributed.launch import config_argv, plan
@@ -344,16 +344,12 @@ def test_cpu_bound_is_the_tokens_the_cpus_left_can_make():
 
 
 def test_efficiency_bench_starts_tenants_at_the_niceness_asked_and_checks_it():
-    spec = importlib.util.spec_from_file_location("pipe_eff", ROOT / "bench/pipeline_efficiency.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    tenants = mod.start_tenants(2, nice=19)
+    bench = load_script(ROOT / "bench/pipeline_efficiency.py", "dflash_pipeline_efficiency")
+    tenants = bench.start_tenants(2, nice=19)
     try:
         assert [os.getpriority(os.PRIO_PROCESS, t.pid) for t in tenants] == [19, 19]
     finally:
-        for t in tenants:
-            t.kill()
-            t.wait()
+        bench.stop_tenants(tenants)
     proc = subprocess.run(
         [sys.executable, "bench/pipeline_efficiency.py", "--targets", "1", "--drafters", "1"]
         + ["--busy", "1", "--busy-nice", "-5"],
