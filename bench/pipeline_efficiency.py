@@ -13,8 +13,10 @@ got while each pipeline ran (`tenant_cpu`): what a change such as `--pin-cpus` t
 from them is then measured, not assumed. With tenants, each repeat also reports
 `cpu_bound`, the highest efficiency the CPUs they leave allow (capacity.cpu_bound), and
 `efficiency_of_bound`, how much of it the pipeline reached. `--busy-nice N` starts them
-at niceness N (`nice -n N`, as background jobs are often run), default 0: the same
-priority as the pipeline.
+at niceness N, default 0: the same priority as the pipeline. Each tenant runs in a session
+of its own, and where the kernel groups sessions (autogroup) the niceness is set on that
+session too: `nice -n 19` alone does not lower a job against torchrun's ranks there
+(start_tenants says why); `--busy-nice-scope process` measures what it alone gives.
 """
 
 from __future__ import annotations
@@ -45,11 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--busy-nice", type=int, default=0, help="the tenants' niceness, 0 (default) to 19"
     )
+    parser.add_argument(
+        "--busy-nice-scope",
+        choices=["session", "process"],
+        default="session",
+        help="session (default): the niceness is set on each tenant's process and, where the "
+        "kernel groups sessions (autogroup), on its session; process: on the process alone, "
+        "as `nice -n N` does",
+    )
     parser.add_argument("flags", nargs="*", help="more `dflash train` flags, after --")
     args = parser.parse_args(argv)
     if not 0 <= args.busy_nice <= 19:
         parser.error(f"--busy-nice {args.busy_nice} is out of range: use a niceness from 0 to 19")
-    tenants = start_tenants(args.busy, args.busy_nice)
+    tenants = start_tenants(args.busy, args.busy_nice, session=args.busy_nice_scope == "session")
     try:
         if tenants:
             time.sleep(5)
@@ -58,12 +68,31 @@ def main(argv: list[str] | None = None) -> int:
         stop_tenants(tenants)
 
 
-def start_tenants(n: int, nice: int = 0) -> list[subprocess.Popen]:
-    """n pure-Python busy loops, each in its own process at niceness `nice`."""
+AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+def autogroup_enabled() -> bool:
+    """Whether the kernel schedules each session as one group (CONFIG_SCHED_AUTOGROUP on)."""
+    return AUTOGROUP.exists() and AUTOGROUP.read_text().strip() == "1"
+
+
+def start_tenants(n: int, nice: int = 0, session: bool = True) -> list[subprocess.Popen]:
+    """n pure-Python busy loops, each in a session of its own (as a job started from
+    another shell, cron or a service is) at niceness `nice`.
+
+    With autogroup on, the kernel first shares the CPUs evenly between sessions and
+    applies a process's niceness only within its session; torchrun starts every rank in
+    a session of its own, so a tenant's process niceness alone changes nothing against
+    the ranks. With `session` the niceness is therefore also set on the tenant's session
+    (/proc/PID/autogroup, see sched(7)), which is what makes it a background job there;
+    without, it is what `nice -n N` alone gives."""
     tenants = []
     for _ in range(n):
-        tenants.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
-        os.setpriority(os.PRIO_PROCESS, tenants[-1].pid, nice)
+        t = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        os.setpriority(os.PRIO_PROCESS, t.pid, nice)
+        if session and autogroup_enabled():
+            Path(f"/proc/{t.pid}/autogroup").write_text(f"{nice}\n")
+        tenants.append(t)
     return tenants
 
 
@@ -98,6 +127,10 @@ def _run(args: argparse.Namespace, tenants: list[subprocess.Popen]) -> int:
     effs = [float(r["efficiency"]) for r in rows]
     summary = {"repeats": len(rows), "efficiency": [round(e, 3) for e in effs]}
     summary["load_average"] = round(os.getloadavg()[0], 2)
+    if tenants:
+        summary["tenant_nice"] = args.busy_nice
+        summary["tenant_nice_scope"] = args.busy_nice_scope
+        summary["autogroup"] = autogroup_enabled()
     keys = ["drafter_compute", "drafter_cpu_share", "drafter_work_efficiency"]
     tenant_keys = ["tenant_cpu", "cpu_bound", "efficiency_of_bound"] if tenants else []
     for key in keys + tenant_keys:

@@ -346,8 +346,15 @@ def test_cpu_bound_is_the_tokens_the_cpus_left_can_make():
 def test_efficiency_bench_starts_tenants_at_the_niceness_asked_and_checks_it():
     bench = load_script(ROOT / "bench/pipeline_efficiency.py", "dflash_pipeline_efficiency")
     tenants = bench.start_tenants(2, nice=19)
+    tenants += bench.start_tenants(1, nice=19, session=False)
     try:
-        assert [os.getpriority(os.PRIO_PROCESS, t.pid) for t in tenants] == [19, 19]
+        assert [os.getpriority(os.PRIO_PROCESS, t.pid) for t in tenants] == [19, 19, 19]
+        # Each in a session of its own, as a job from another shell is: with autogroup on,
+        # only a session's niceness orders it against torchrun's ranks (sessions too).
+        assert [os.getsid(t.pid) for t in tenants] == [t.pid for t in tenants]
+        if bench.autogroup_enabled():
+            groups = [Path(f"/proc/{t.pid}/autogroup").read_text().split() for t in tenants]
+            assert [g[-2:] for g in groups] == [["nice", "19"], ["nice", "19"], ["nice", "0"]]
     finally:
         bench.stop_tenants(tenants)
     proc = subprocess.run(
