@@ -89,10 +89,17 @@ def start_tenants(n: int, nice: int = 0, session: bool = True) -> list[subproces
     tenants = []
     for _ in range(n):
         t = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        tenants.append(t)
         os.setpriority(os.PRIO_PROCESS, t.pid, nice)
         if session and autogroup_enabled():
-            Path(f"/proc/{t.pid}/autogroup").write_text(f"{nice}\n")
-        tenants.append(t)
+            try:
+                Path(f"/proc/{t.pid}/autogroup").write_text(f"{nice}\n")
+            except OSError as e:
+                stop_tenants(tenants)
+                raise SystemExit(
+                    f"cannot set the tenants' session niceness (/proc/{t.pid}/autogroup: "
+                    f"{e.strerror}); use --busy-nice-scope process to measure `nice` alone"
+                ) from e
     return tenants
 
 

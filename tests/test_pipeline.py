@@ -333,6 +333,21 @@ def test_efficiency_bench_measures_its_busy_tenant_and_stops_it():
     assert _tenants() == before  # killed at the end
 
 
+def test_efficiency_bench_names_the_fix_when_a_session_cannot_be_niced(monkeypatch):
+    bench = load_script(ROOT / "bench/pipeline_efficiency.py", "dflash_pipeline_efficiency")
+
+    class ReadOnlyProc(type(Path())):  # what a container with a read-only /proc gives
+        def write_text(self, *args, **kwargs):
+            raise PermissionError(13, "Permission denied", str(self))
+
+    before = _tenants()
+    monkeypatch.setattr(bench, "autogroup_enabled", lambda: True)
+    monkeypatch.setattr(bench, "Path", ReadOnlyProc)
+    with pytest.raises(SystemExit, match=r"autogroup: Permission denied\); use --busy-nice-scope"):
+        bench.start_tenants(2, nice=19)
+    assert _tenants() == before  # the one already started was stopped
+
+
 def test_cpu_bound_is_the_tokens_the_cpus_left_can_make():
     from dflash.bench.capacity import cpu_bound
 
