@@ -19,7 +19,7 @@ import torch
 from scripts import load_script
 
 from dflash.config import TrainConfig
-from dflash.distributed.launch import config_argv, plan
+from dflash.distributed.launch import config_argv, plan, worker_pids
 from dflash.distributed.roles import Layout, default_split, resolve_split
 from dflash.distributed.telemetry import COUNTERS, Clock, verdict
 from dflash.train import train
@@ -161,24 +161,6 @@ def test_one_plus_one_matches_single_process(tmp_path):
     assert [r["loss"] for r in pipe] == pytest.approx(ref, rel=1e-5, abs=0)
 
 
-def _rank_pids(torchrun_pid: int) -> dict[int, int]:
-    """RANK -> pid of torchrun's worker processes (read from /proc)."""
-    found = {}
-    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid != torchrun_pid:
-                continue
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        for kv in env:
-            if kv.startswith(b"RANK="):
-                found[int(kv[5:])] = pid
-    return found
-
-
 def test_killed_rank_ends_job_naming_it_and_resume_continues(tmp_path):
     run = tmp_path / "run"
     flags = ["--targets", "1", "--drafters", "1", "--max-steps", "60"]
@@ -191,7 +173,7 @@ def test_killed_rank_ends_job_naming_it_and_resume_continues(tmp_path):
         assert proc.poll() is None, proc.communicate()[0][-4000:]
         assert time.monotonic() < deadline, "no checkpoint within 300 s"
         time.sleep(0.05)
-    pids = _rank_pids(proc.pid)
+    pids = worker_pids(proc.pid)
     assert set(pids) == {0, 1}, pids
     os.kill(pids[1], signal.SIGKILL)  # the target, mid-run
     killed = time.monotonic()
@@ -237,7 +219,7 @@ def test_sigterm_checkpoints_at_next_logging_step_and_exits(tmp_path):
     flags = ["--targets", "1", "--drafters", "1", "--max-steps", "400", "--log-every", "4"]
     proc = start(2, run, *flags)
     wait_for_metrics(proc, run, timeout=120)
-    pids = _rank_pids(proc.pid)
+    pids = worker_pids(proc.pid)
     os.kill(proc.pid, signal.SIGTERM)
     sent = time.monotonic()
     _, log = finish(proc, timeout=90)
@@ -267,7 +249,7 @@ def test_pin_cpus_puts_each_ranks_main_thread_on_its_own_cpu(tmp_path):
     flags = ["--targets", "1", "--drafters", "1", "--pin-cpus", "--max-steps", "2000"]
     proc = start(2, run, *flags, "--log-every", "2")
     wait_for_metrics(proc, run, timeout=300)
-    pids = _rank_pids(proc.pid)
+    pids = worker_pids(proc.pid)
     allowed = {rank: _allowed_cpus(pid) for rank, pid in pids.items()}
     os.kill(proc.pid, signal.SIGTERM)  # stops at the next logging step
     _, log = finish(proc, timeout=90)

@@ -16,6 +16,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from dflash.config import TrainConfig
 
@@ -67,3 +68,21 @@ def self_launch(cfg: TrainConfig, nproc: int) -> int:
     print("dflash train: launching " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return subprocess.call(cmd, env=env)
+
+
+def worker_pids(torchrun_pid: int) -> dict[int, int]:
+    """{global RANK: pid} of the worker processes a running torchrun has started, read
+    from /proc (Linux): for tests and benchmarks that watch the ranks of a job."""
+    found = {}
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != torchrun_pid:  # field 4: ppid
+                continue
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):  # gone, or not ours to read
+            continue
+        for kv in env:
+            if kv.startswith(b"RANK="):
+                found[int(kv[5:])] = pid
+    return found
