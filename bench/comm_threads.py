@@ -34,7 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_efficiency import start_tenants, stop_tenants  # noqa: E402
 
-from dflash.distributed.launch import torchrun_command, worker_pids  # noqa: E402
+from dflash.bench.capacity import interval_means  # noqa: E402
+from dflash.distributed.launch import torchrun_command, worker_env, worker_pids  # noqa: E402
 
 
 def thread_times(pid: int) -> dict[int, tuple[float, float]]:
@@ -93,37 +94,29 @@ def main(argv: list[str] | None = None) -> int:
 
     train_parser = argparse.ArgumentParser()
     add_arguments(train_parser)
-    out = Path(tempfile.mkdtemp(prefix="dflash-threads-"))
     base = ["--wandb", "off", "--targets", str(args.targets), "--drafters", str(args.drafters)]
-    try:
-        cfg = config_from_args(
-            train_parser.parse_args([*base, "--out", str(out / "run"), *args.flags])
-        )
-    except ValueError as e:  # a bad flag after --: name it, no traceback
-        parser.error(str(e))
-    tenants = start_tenants(args.busy, args.busy_nice)
-    try:
-        if tenants:
-            time.sleep(3)
-        return _run(
-            cfg,
-            torchrun_command(
-                cfg, args.targets + args.drafters, module="dflash.distributed.rank_cli"
-            ),
-            args.perf,
-            out,
-        )
-    finally:
-        stop_tenants(tenants)
+    with tempfile.TemporaryDirectory(prefix="dflash-threads-") as tmp:
+        try:
+            run_dir = str(Path(tmp) / "run")
+            cfg = config_from_args(train_parser.parse_args([*base, "--out", run_dir, *args.flags]))
+        except ValueError as e:  # a bad flag after --: name it, no traceback
+            parser.error(str(e))
+        tenants = start_tenants(args.busy, args.busy_nice)
+        try:
+            if tenants:
+                time.sleep(3)
+            return _run(cfg, args.perf, Path(tmp) / "sched.data")
+        finally:
+            stop_tenants(tenants)
 
 
-def _run(cfg, cmd: list[str], perf: bool, out: Path) -> int:
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+def _run(cfg, perf: bool, trace: Path) -> int:
+    cmd = torchrun_command(cfg, cfg.targets + cfg.drafters, module="dflash.distributed.rank_cli")
+    job = subprocess.Popen(cmd, env=worker_env(), stdout=subprocess.DEVNULL)
     metrics = Path(cfg.out) / "metrics.jsonl"
     pids: dict[int, int] = {}
     samples = []  # (time, metrics lines, {rank: thread_times}) from the first logging step
-    tracer, trace = None, out / "sched.data"
+    tracer = None
     while job.poll() is None:
         time.sleep(0.2)
         logged = len(metrics.read_text().splitlines()) if metrics.exists() else 0
@@ -141,10 +134,11 @@ def _run(cfg, cmd: list[str], perf: bool, out: Path) -> int:
                 ["perf", "record", "-q", "-a", *events, "-o", str(trace), "--", "sleep", "4"],
                 stdout=subprocess.DEVNULL,
             )
-    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    traced = tracer.wait() == 0 if tracer is not None else None
+    logged_in_all = len(metrics.read_text().splitlines()) if metrics.exists() else 0
     # Up to the last logging step: after it the ranks save, and tear their groups (and
     # the communication threads) down.
-    steady = [(t, ranks) for t, logged, ranks in samples if logged < len(lines)]
+    steady = [(t, ranks) for t, logged, ranks in samples if logged < logged_in_all]
     if job.wait() != 0:
         print(f"the pipeline failed (exit {job.returncode}): see its errors above", file=sys.stderr)
         return 1
@@ -152,8 +146,7 @@ def _run(cfg, cmd: list[str], perf: bool, out: Path) -> int:
         print("the run ended before a steady second: raise --max-steps", file=sys.stderr)
         return 1
     first, last = steady[0], steady[-1]
-    recs = [json.loads(x) for x in lines if x.strip()][1:]
-    tok_s = sum(r["pipe/drafter_tok_per_s"] for r in recs) / len(recs)
+    tok_s = interval_means(Path(cfg.out))["drafter_tok_per_s"]
     span = last[0] - first[0]
     drafters = range(cfg.drafters)  # global ranks [0, D) are drafters (roles.py)
     result: dict = {"drafter_tok_per_s": round(tok_s), "seconds": round(span, 1)}
@@ -174,14 +167,14 @@ def _run(cfg, cmd: list[str], perf: bool, out: Path) -> int:
             f"waited {rows['other_waiting']:.3f} s"
         )
     result["tok_per_drafter_cpu_s"] = round(tok_s / cfg.drafters / cpu_by_role["drafter"])
-    if tracer is not None and tracer.wait() != 0:
+    if traced is False:
         print(
             "perf record failed: tracing the host needs root or "
             "kernel.perf_event_paranoid <= -1; run without --perf for the thread figures",
             file=sys.stderr,
         )
         return 1
-    if tracer is not None:
+    if traced:
         roles = {"drafter": 0, "target": cfg.drafters}  # the first rank of each role
         result["perf"] = epoll_while_preempted(trace, {k: pids[r] for k, r in roles.items()})
     print(json.dumps(result))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -141,7 +140,7 @@ def check_record(workload: str, store: str | None, repeats: int | None) -> dict[
 def check_pipeline(device: str) -> dict[str, Any]:
     """1 target + 1 drafter ranks under torchrun (NCCL on GPUs, gloo on CPU)."""
     from dflash.config import TrainConfig
-    from dflash.distributed.launch import torchrun_command
+    from dflash.distributed.launch import torchrun_command, worker_env
 
     with tempfile.TemporaryDirectory(prefix="dflash-gpu-check-pipe-") as tmp:
         cfg = TrainConfig(
@@ -154,10 +153,9 @@ def check_pipeline(device: str) -> dict[str, Any]:
             log_every=5,
             wandb="off",
         )
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         cmd = torchrun_command(cfg, 2, module="dflash.distributed.rank_cli")
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, env=env, timeout=SUBPROCESS_TIMEOUT_S
+            cmd, capture_output=True, text=True, env=worker_env(), timeout=SUBPROCESS_TIMEOUT_S
         )
         metrics = Path(cfg.out) / "metrics.jsonl"
         recs = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []

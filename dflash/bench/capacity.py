@@ -23,7 +23,7 @@ import torch
 
 from dflash.components import resolve_device
 from dflash.config import TrainConfig
-from dflash.distributed.launch import torchrun_command
+from dflash.distributed.launch import torchrun_command, worker_env
 from dflash.run import build_run
 from dflash.step import Accumulator, FeatureBatch, train_step
 
@@ -95,9 +95,13 @@ def pipeline_rate(cfg: TrainConfig, nproc: int, timeout: float = 600) -> dict[st
     start-up) of its drafter-side tokens/s, the drafters' compute fraction and each role's
     CPU-seconds per second."""
     cmd = torchrun_command(cfg, nproc, module="dflash.distributed.rank_cli")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    subprocess.run(cmd, env=env, check=True, timeout=timeout, stdout=subprocess.DEVNULL)
-    lines = (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()
+    subprocess.run(cmd, env=worker_env(), check=True, timeout=timeout, stdout=subprocess.DEVNULL)
+    return interval_means(Path(cfg.out))
+
+
+def interval_means(run_dir: Path) -> dict[str, float]:
+    """PIPE_KEYS averaged over a finished run's logging intervals after the first."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     recs = [json.loads(x) for x in lines if x.strip()][1:]
     if not recs:
         raise ValueError("need at least two logging steps: raise --max-steps or lower --log-every")

@@ -66,8 +66,13 @@ def self_launch(cfg: TrainConfig, nproc: int) -> int:
     """Run the job under torchrun on this machine and return its exit code."""
     cmd = torchrun_command(cfg, nproc)
     print("dflash train: launching " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.call(cmd, env=env)
+    return subprocess.call(cmd, env=worker_env())
+
+
+def worker_env() -> dict[str, str]:
+    """The environment for a torchrun job on this machine: this one, with one intra-op
+    thread per rank unless OMP_NUM_THREADS says otherwise (the ranks share the cores)."""
+    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
 def worker_pids(torchrun_pid: int) -> dict[int, int]:
