@@ -99,7 +99,11 @@ class TargetFeatures(nn.Module):
         return document_causal_dense(doc_ids)
 
     @torch.no_grad()
-    def forward(self, input_ids: Tensor, positions: Tensor, doc_ids: Tensor, mask=None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, positions: Tensor, doc_ids: Tensor, mask=None, out=None
+    ) -> Tensor:
+        """Features [B, S, k*H]; `out`: written in place (a pipeline target writes them
+        straight into the message it sends, dflash/distributed/p2p.py)."""
         mask = self.attention_mask(doc_ids) if mask is None else mask
         h = self.embed_tokens(input_ids)
         rope = self.rotary_emb(h, positions)  # positions restart at 0 per document
@@ -108,7 +112,7 @@ class TargetFeatures(nn.Module):
             h = layer(h, attention_mask=mask, position_ids=positions, position_embeddings=rope)
             if i in self.layer_ids:
                 feats.append(h)
-        return torch.cat(feats, dim=-1)
+        return torch.cat(feats, dim=-1, out=out)
 
 
 def eos_ids_of(tok, model) -> set[int]:

@@ -83,6 +83,8 @@ def test_target_wrapper_stops_early_and_is_document_causal(tiny_qwen3_config):
     doc = torch.tensor([[0] * 8 + [1] * 12])
     pos = torch.tensor([list(range(8)) + list(range(12))])
     feats = target(ids, pos, doc)
+    out = torch.full_like(feats, float("nan"))  # a pipeline target writes into its message
+    assert target(ids, pos, doc, out=out) is out and torch.equal(out, feats)
     ref = []
     for part in (ids[:, :8], ids[:, 8:]):  # each document alone through plain HF
         hs = lm(part, output_hidden_states=True).hidden_states

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dflash import checkpoint as ckpt
 from dflash.config import TrainConfig
 from dflash.data.packing import PackedBatch
-from dflash.distributed.p2p import HEADER, Receiver, post, unpack_meta, wait
+from dflash.distributed.p2p import Receiver, post, unpack_meta, wait, wire_of
 from dflash.distributed.roles import Layout
 from dflash.distributed.target_rank import control_lag, control_steps
 from dflash.distributed.telemetry import COUNTERS, Clock, summarize
@@ -47,7 +47,7 @@ def run_drafter(
     run_dir = Path(cfg.out)
     cuda = device.type == "cuda"
     run = build_run(cfg, "drafter", device)
-    drafter, target = run.drafter, run.target
+    drafter = run.drafter
     if last is not None:  # every drafter reads it: RUN must be on a shared filesystem
         run.load_state_dict(ckpt.load_checkpoint(last, drafter.config))
     # Gradients are averaged over the drafter subgroup only; targets never join. A lone
@@ -80,14 +80,12 @@ def run_drafter(
             s += 1
 
     rows, seq = cfg.rows, cfg.seq_len
-    feat_dim = len(target.layer_ids) * target.hidden_size
     # simulate.py: a profile's wait stands in for the step, and features are narrower.
     step_fn = train_step if sim is None else sim.drafter_step(group)
-    feat_dim = feat_dim if sim is None else sim.feat_dim
     clock = Clock()
     recv = Receiver(
-        layout, d, schedule(), cfg.max_in_flight, HEADER + 4 * rows * seq,
-        (rows, seq, feat_dim), run.dtype, device, cfg.dist_timeout, clock,
+        layout, d, schedule(), cfg.max_in_flight, wire_of(cfg, run, sim), device,
+        cfg.dist_timeout, clock,
     )  # fmt: skip
     acc = Accumulator(cfg.block_size, device)
     bad_route = torch.zeros((), dtype=torch.bool, device=device)

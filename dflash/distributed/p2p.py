@@ -1,10 +1,14 @@
 """Point-to-point transport of (metadata, features) from target ranks to drafter ranks.
 
-Wire format of one batch, two messages on one link, in this order:
+Wire format of one batch: ONE message, a byte buffer holding, in this order,
   meta  int64 [HEADER + 4*R*S]: header (global batch index, token/doc counts, the
         sender's cumulative telemetry counters), then input_ids, loss_mask, doc_ids,
-        positions of the packed [R, S] batch. One tensor = one H2D copy + one message.
-  feats [R, S, k*H] target features (bf16 on GPU, fp32 on CPU).
+        positions of the packed [R, S] batch;
+  feats [R, S, k*H] target features (bf16 on GPU, fp32 on CPU), written in place by the
+        target's forward (`out=`), so joining the two costs no copy.
+One message, not two: every gloo send or receive posted holds the pair's lock across a
+socket write, and beside another busy process each post is a chance for gloo's event
+loop to spin on that lock (docs/bench.md, "The communication threads beside a tenant").
 Shapes are fixed by the config (rows, seq_len), so receivers preallocate their buffers
 and nothing about the wire depends on the data.
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -61,18 +66,55 @@ def post(op, tensor: Tensor, peer: int, what: str, group=None):
         raise PeerError(f"{what} failed: {type(e).__name__}: {e}") from e
 
 
-def pack_meta(batch: PackedBatch, g: int, counters: list[int], pin: bool) -> Tensor:
-    """Host int64 meta tensor of one batch (pinned when it will be copied to a GPU).
-    Each field is copied once, straight into the final (pinned) buffer: stack + cat +
-    pin_memory made three copies of the 4*R*S body, a few ms per batch at the real shapes
-    (docs/bench.md, "Pipeline at real topologies (simulated)")."""
+@dataclass(frozen=True)
+class Wire:
+    """The byte layout of one batch's message; both ends build it from the same config."""
+
+    rows: int
+    seq_len: int
+    feat_dim: int
+    dtype: torch.dtype
+
+    @property
+    def meta_numel(self) -> int:
+        return HEADER + 4 * self.rows * self.seq_len
+
+    @property
+    def nbytes(self) -> int:
+        feats = self.rows * self.seq_len * self.feat_dim * self.dtype.itemsize
+        return self.meta_numel * 8 + feats
+
+    def empty(self, device: torch.device | str) -> Tensor:
+        return torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+
+    def split(self, buf: Tensor) -> tuple[Tensor, Tensor]:
+        """(meta int64 [meta_numel], feats [R, S, F]): views of one message buffer. The
+        features start at a multiple of 8 bytes, aligned for any dtype."""
+        cut = self.meta_numel * 8
+        feats = buf[cut:].view(self.dtype).view(self.rows, self.seq_len, self.feat_dim)
+        return buf[:cut].view(torch.int64), feats
+
+
+def wire_of(cfg, run, sim=None) -> Wire:
+    """The wire of a pipeline run: the target's k*H features, or a simulation's width."""
+    if sim is not None:
+        return Wire(cfg.rows, cfg.seq_len, sim.feat_dim, run.dtype)
+    feat_dim = len(run.target.layer_ids) * run.target.hidden_size
+    return Wire(cfg.rows, cfg.seq_len, feat_dim, run.dtype)
+
+
+def pack_meta(batch: PackedBatch, g: int, counters: list[int], out: Tensor) -> Tensor:
+    """Write one batch's metadata into `out`, a host int64 [HEADER + 4*R*S] tensor (the
+    message's own meta view on CPU, a pinned staging buffer for a GPU). Each field is
+    copied once, straight into place: stack + cat + pin_memory made three copies of the
+    4*R*S body, a few ms per batch at the real shapes (docs/bench.md, "Pipeline at real
+    topologies (simulated)")."""
     rows, seq = batch.input_ids.shape
-    meta = torch.empty(HEADER + 4 * rows * seq, dtype=torch.int64, pin_memory=pin)
-    meta[:HEADER] = torch.tensor([g, batch.n_tokens, batch.n_docs, *counters])
-    body = meta[HEADER:].view(4, rows, seq)
+    out[:HEADER] = torch.tensor([g, batch.n_tokens, batch.n_docs, *counters])
+    body = out[HEADER:].view(4, rows, seq)
     for i, t in enumerate((batch.input_ids, batch.loss_mask, batch.doc_ids, batch.positions)):
         body[i].copy_(t)
-    return meta
+    return out
 
 
 def unpack_meta(meta: Tensor, rows: int, seq_len: int) -> tuple[Tensor, ...]:
@@ -108,14 +150,14 @@ class Sender:
             self._retire(d, block=False)
         return sum(len(q) for q in self.links.values())
 
-    def send(self, d: int, g: int, meta: Tensor, feats: Tensor) -> None:
+    def send(self, d: int, g: int, message: Tensor) -> None:
         with self.clock("wait_send"):
             while len(self.links[d]) >= self.depth:
                 self._retire(d, block=True)
         peer = self.layout.drafter_rank(d)
         what = f"sending batch {g} to {self.layout.name(peer)}"
-        works = [post(dist.isend, meta, peer, what), post(dist.isend, feats, peer, what)]
-        self.links[d].append((works, g, (meta, feats)))  # keep buffers alive until sent
+        works = [post(dist.isend, message, peer, what)]
+        self.links[d].append((works, g, message))  # keep the buffer alive until sent
 
     def flush(self) -> None:
         with self.clock("wait_send"):
@@ -134,27 +176,18 @@ class Receiver:
         d: int,
         schedule: Iterator[tuple[int, int]],  # (g, target) in order
         depth: int,
-        meta_numel: int,
-        feat_shape: tuple[int, ...],
-        feat_dtype: torch.dtype,
+        wire: Wire,
         device: torch.device,
         timeout: float,
         clock: Clock,
     ) -> None:
         self.layout, self.d, self.schedule, self.depth = layout, d, schedule, depth
-        self.timeout, self.clock = timeout, clock
-        self.current: tuple[Tensor, Tensor] | None = None
+        self.timeout, self.clock, self.wire = timeout, clock, wire
+        self.current: Tensor | None = None
         # depth posted + 1 being trained on: a buffer is reused only after its batch's
         # backward has been enqueued (NCCL orders the recv after the current stream).
-        self.free = [
-            (
-                torch.empty(meta_numel, dtype=torch.int64, device=device),
-                torch.empty(feat_shape, dtype=feat_dtype, device=device),
-            )
-            for _ in range(depth + 1)
-        ]
+        self.free = [wire.empty(device) for _ in range(depth + 1)]
         self.posted: deque = deque()
-        self.current = None
 
     def _post(self) -> None:
         while len(self.posted) < self.depth and self.free:
@@ -162,25 +195,26 @@ class Receiver:
             if nxt is None:
                 return
             g, t = nxt
-            meta, feats = self.free.pop()
+            message = self.free.pop()
             src = self.layout.target_rank(t)
             what = f"receiving batch {g} from {self.layout.name(src)}"
-            works = [post(dist.irecv, meta, src, what), post(dist.irecv, feats, src, what)]
-            self.posted.append((g, t, works, meta, feats))
+            works = [post(dist.irecv, message, src, what)]
+            self.posted.append((g, t, works, message))
 
     def get(self) -> tuple[int, int, Tensor, Tensor] | None:
-        """Next (g, target, meta, feats), or None when the schedule is exhausted."""
+        """Next (g, target, meta, feats), meta and feats views of the batch's message, or
+        None when the schedule is exhausted."""
         if self.current is not None:
             self.free.append(self.current)
             self.current = None
         self._post()
         if not self.posted:
             return None
-        g, t, works, meta, feats = self.posted.popleft()
+        g, t, works, message = self.posted.popleft()
         with self.clock("wait_recv"):
             for w in works:
                 who = self.layout.name(self.layout.target_rank(t))
                 wait(w, self.timeout, f"receiving batch {g} from {who}")
-        self.current = (meta, feats)
+        self.current = message
         self._post()  # refill right away so the next transfer overlaps this batch
-        return g, t, meta, feats
+        return (g, t, *self.wire.split(message))

@@ -84,14 +84,13 @@ class Profile:
         }
 
     def target(self, rows: int, seq: int) -> Callable[..., torch.Tensor]:
-        """Stand-in for run.target: waits for one forward, returns the (scaled) features.
-        The same tensor every time: gloo only reads it, and nothing writes it."""
-        feats = torch.zeros(rows, seq, self.feat_dim)
+        """Stand-in for run.target: waits for one forward and leaves the (scaled) features
+        in `out` unwritten: the simulated drafter step never reads their values."""
         wait = Wait(rows * seq / self.target_tok_per_s * self.time_scale)
 
-        def forward(ids, pos, docs) -> torch.Tensor:
+        def forward(ids, pos, docs, out: torch.Tensor) -> torch.Tensor:
             wait()
-            return feats
+            return out
 
         return forward
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dflash.config import TrainConfig
-from dflash.distributed.p2p import Sender, pack_meta, post, unpack_meta, wait
+from dflash.distributed.p2p import Sender, pack_meta, post, unpack_meta, wait, wire_of
 from dflash.distributed.roles import Layout
 from dflash.distributed.telemetry import Clock
 from dflash.run import build_run
@@ -77,6 +77,7 @@ def run_target(
     target = run.target if sim is None else sim.target(cfg.rows, cfg.seq_len)
     source = GlobalBatches(run.stream, start_step * layout.per_step)
     rows, seq = cfg.rows, cfg.seq_len
+    wire = wire_of(cfg, run, sim)
     clock = Clock()
     sender = Sender(layout, rank, cfg.max_in_flight, cfg.dist_timeout, clock)
     lead = layout.drafter_rank(0)
@@ -106,10 +107,16 @@ def run_target(
             break
         batch = source.get(g)  # host packing: counted as idle
         with clock("compute"):
-            # One pinned H2D copy of all metadata; the target reads views of it.
-            meta = pack_meta(batch, g, clock.counters(), pin=cuda).to(device, non_blocking=True)
+            # The batch's one message: metadata, then the features the forward writes.
+            message = wire.empty(device)
+            meta, feats = wire.split(message)
+            if cuda:  # one pinned H2D copy of all metadata; the target reads views of it
+                staged = torch.empty(wire.meta_numel, dtype=torch.int64, pin_memory=True)
+                meta.copy_(pack_meta(batch, g, clock.counters(), staged), non_blocking=True)
+            else:
+                pack_meta(batch, g, clock.counters(), meta)
             _, ids, _, docs, pos = unpack_meta(meta, rows, seq)
-            feats = target(ids, pos, docs)
+            target(ids, pos, docs, out=feats)
             if cuda:
                 # Charge the forward to compute (not to the send wait) without a full
                 # device sync: poll one event.
@@ -120,7 +127,7 @@ def run_target(
         clock.in_flight += sender.in_flight()
         clock.n += 1
         clock.tokens += batch.n_tokens
-        sender.send(d, g, meta, feats)
+        sender.send(d, g, message)
         sent += 1
     sender.flush()
     while pending and stopped_at is None:  # match every control message drafter 0 sends
