@@ -1,5 +1,6 @@
 """Where a CPU pipeline's threads spend their time: one T + D run (default 1 + 1), beside
-`--busy N` other tenants or not, each rank's threads read from /proc over the run's
+`--busy N` other tenants or not (`--busy-nice`, `--busy-nice-scope`: as in
+bench/pipeline_efficiency.py), each rank's threads read from /proc over the run's
 steady part (from its first logging step to its last): per thread, the CPU-seconds it
 ran per second and the seconds it waited, runnable, for a core (schedstat). A rank's
 main thread computes; the others are the communication library's (gloo's event loops
@@ -32,7 +33,12 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pipeline_efficiency import start_tenants, stop_tenants  # noqa: E402
+from pipeline_efficiency import (  # noqa: E402
+    add_tenant_arguments,
+    start_tenants,
+    stop_tenants,
+    tenant_options,
+)
 
 from dflash.bench.capacity import interval_means  # noqa: E402
 from dflash.distributed.launch import torchrun_command, worker_env, worker_pids  # noqa: E402
@@ -81,13 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", type=int, default=1)
     parser.add_argument("--drafters", type=int, default=1)
-    parser.add_argument("--busy", type=int, default=0, help="other tenants to start first")
-    parser.add_argument("--busy-nice", type=int, default=0, help="their niceness, 0 to 19")
+    add_tenant_arguments(parser)  # as bench/pipeline_efficiency.py's
     parser.add_argument("--perf", action="store_true", help="also trace epoll_wait (perf)")
     parser.add_argument("flags", nargs="*", help="more `dflash train` flags, after --")
     args = parser.parse_args(argv)
-    if not 0 <= args.busy_nice <= 19:
-        parser.error(f"--busy-nice {args.busy_nice} is out of range: use a niceness from 0 to 19")
+    tenant = tenant_options(parser, args)
     if args.perf and shutil.which("perf") is None:
         parser.error("--perf needs the perf tool on PATH (the linux-perf or linux-tools package)")
     from dflash.train_cli import add_arguments, config_from_args
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = config_from_args(train_parser.parse_args([*base, "--out", run_dir, *args.flags]))
         except ValueError as e:  # a bad flag after --: name it, no traceback
             parser.error(str(e))
-        tenants = start_tenants(args.busy, args.busy_nice)
+        tenants = start_tenants(*tenant)
         try:
             if tenants:
                 time.sleep(3)

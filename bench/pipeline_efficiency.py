@@ -43,6 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="run directories' parent (default: temp)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--batches", type=int, default=12, help="batches per stage alone")
+    add_tenant_arguments(parser)
+    parser.add_argument("flags", nargs="*", help="more `dflash train` flags, after --")
+    args = parser.parse_args(argv)
+    tenants = start_tenants(*tenant_options(parser, args))
+    try:
+        if tenants:
+            time.sleep(5)
+        return _run(args, tenants)
+    finally:
+        stop_tenants(tenants)
+
+
+def add_tenant_arguments(parser: argparse.ArgumentParser) -> None:
+    """The tenant flags, shared with bench/comm_threads.py: --busy, --busy-nice and
+    --busy-nice-scope."""
     parser.add_argument("--busy", type=int, default=0, help="other tenants to start first")
     parser.add_argument(
         "--busy-nice", type=int, default=0, help="the tenants' niceness, 0 (default) to 19"
@@ -55,17 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         "kernel groups sessions (autogroup), on its session; process: on the process alone, "
         "as `nice -n N` does",
     )
-    parser.add_argument("flags", nargs="*", help="more `dflash train` flags, after --")
-    args = parser.parse_args(argv)
+
+
+def tenant_options(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """(n, nice, session) for start_tenants, once the niceness is checked: a one-line
+    error that names the flag and the range, before anything starts."""
     if not 0 <= args.busy_nice <= 19:
         parser.error(f"--busy-nice {args.busy_nice} is out of range: use a niceness from 0 to 19")
-    tenants = start_tenants(args.busy, args.busy_nice, session=args.busy_nice_scope == "session")
-    try:
-        if tenants:
-            time.sleep(5)
-        return _run(args, tenants)
-    finally:
-        stop_tenants(tenants)
+    return args.busy, args.busy_nice, args.busy_nice_scope == "session"
 
 
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")

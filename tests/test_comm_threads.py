@@ -56,3 +56,13 @@ def test_epoll_waits_are_counted_against_the_main_threads_state(monkeypatch):
         "drafter": {"epoll_wait": 3, "while_main_preempted": 2},
         "target": {"epoll_wait": 1, "while_main_preempted": 0},
     }
+
+
+def test_tenant_flags_are_the_efficiency_benchs_and_bad_ones_are_named(capsys):
+    bench = load_script(ROOT / "bench/comm_threads.py", "dflash_comm_threads")
+    with pytest.raises(SystemExit):
+        bench.main(["--busy", "1", "--busy-nice", "25"])
+    assert "--busy-nice 25 is out of range: use a niceness from 0 to 19" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--busy", "1", "--busy-nice-scope", "group"])
+    assert "--busy-nice-scope: invalid choice: 'group'" in capsys.readouterr().err
