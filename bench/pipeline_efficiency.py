@@ -17,6 +17,7 @@ at niceness N, default 0: the same priority as the pipeline. Each tenant runs in
 of its own, and where the kernel groups sessions (autogroup) the niceness is set on that
 session too: `nice -n 19` alone does not lower a job against torchrun's ranks there
 (start_tenants says why); `--busy-nice-scope process` measures what it alone gives.
+`--busy-policy idle` starts them under SCHED_IDLE (`chrt --idle 0`).
 """
 
 from __future__ import annotations
@@ -70,14 +71,21 @@ def add_tenant_arguments(parser: argparse.ArgumentParser) -> None:
         "kernel groups sessions (autogroup), on its session; process: on the process alone, "
         "as `nice -n N` does",
     )
+    parser.add_argument(
+        "--busy-policy",
+        choices=["normal", "idle"],
+        default="normal",
+        help="normal (default): the tenants run as ordinary processes (SCHED_OTHER); idle: "
+        "under SCHED_IDLE, as `chrt --idle 0 JOB` starts them",
+    )
 
 
 def tenant_options(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """(n, nice, session) for start_tenants, once the niceness is checked: a one-line
-    error that names the flag and the range, before anything starts."""
+    """(n, nice, session, idle) for start_tenants, once the niceness is checked: a
+    one-line error that names the flag and the range, before anything starts."""
     if not 0 <= args.busy_nice <= 19:
         parser.error(f"--busy-nice {args.busy_nice} is out of range: use a niceness from 0 to 19")
-    return args.busy, args.busy_nice, args.busy_nice_scope == "session"
+    return args.busy, args.busy_nice, args.busy_nice_scope == "session", args.busy_policy == "idle"
 
 
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
@@ -88,9 +96,13 @@ def autogroup_enabled() -> bool:
     return AUTOGROUP.exists() and AUTOGROUP.read_text().strip() == "1"
 
 
-def start_tenants(n: int, nice: int = 0, session: bool = True) -> list[subprocess.Popen]:
+def start_tenants(
+    n: int, nice: int = 0, session: bool = True, idle: bool = False
+) -> list[subprocess.Popen]:
     """n pure-Python busy loops, each in a session of its own (as a job started from
-    another shell, cron or a service is) at niceness `nice`.
+    another shell, cron or a service is) at niceness `nice`, and with `idle` under
+    SCHED_IDLE (sched(7): the lowest weight, and a core running only such tasks counts as
+    idle where the kernel places a waking thread).
 
     With autogroup on, the kernel first shares the CPUs evenly between sessions and
     applies a process's niceness only within its session; torchrun starts every rank in
@@ -103,6 +115,8 @@ def start_tenants(n: int, nice: int = 0, session: bool = True) -> list[subproces
         t = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
         tenants.append(t)
         os.setpriority(os.PRIO_PROCESS, t.pid, nice)
+        if idle:  # lowering one's own policy needs no privilege
+            os.sched_setscheduler(t.pid, os.SCHED_IDLE, os.sched_param(0))
         if session and autogroup_enabled():
             try:
                 Path(f"/proc/{t.pid}/autogroup").write_text(f"{nice}\n")
@@ -149,6 +163,7 @@ def _run(args: argparse.Namespace, tenants: list[subprocess.Popen]) -> int:
     if tenants:
         summary["tenant_nice"] = args.busy_nice
         summary["tenant_nice_scope"] = args.busy_nice_scope
+        summary["tenant_policy"] = args.busy_policy
         summary["autogroup"] = autogroup_enabled()
     keys = ["drafter_compute", "drafter_cpu_share", "drafter_work_efficiency"]
     tenant_keys = ["tenant_cpu", "cpu_bound", "efficiency_of_bound"] if tenants else []

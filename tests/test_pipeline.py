@@ -344,14 +344,18 @@ def test_efficiency_bench_starts_tenants_at_the_niceness_asked_and_checks_it():
     bench = load_script(ROOT / "bench/pipeline_efficiency.py", "dflash_pipeline_efficiency")
     tenants = bench.start_tenants(2, nice=19)
     tenants += bench.start_tenants(1, nice=19, session=False)
+    tenants += bench.start_tenants(1, nice=19, idle=True)
     try:
-        assert [os.getpriority(os.PRIO_PROCESS, t.pid) for t in tenants] == [19, 19, 19]
+        assert [os.getpriority(os.PRIO_PROCESS, t.pid) for t in tenants] == [19] * 4
+        policies = [os.sched_getscheduler(t.pid) for t in tenants]
+        assert policies == [os.SCHED_OTHER] * 3 + [os.SCHED_IDLE]
         # Each in a session of its own, as a job from another shell is: with autogroup on,
         # only a session's niceness orders it against torchrun's ranks (sessions too).
         assert [os.getsid(t.pid) for t in tenants] == [t.pid for t in tenants]
         if bench.autogroup_enabled():
             groups = [Path(f"/proc/{t.pid}/autogroup").read_text().split() for t in tenants]
-            assert [g[-2:] for g in groups] == [["nice", "19"], ["nice", "19"], ["nice", "0"]]
+            want = [["nice", "19"], ["nice", "19"], ["nice", "0"], ["nice", "19"]]
+            assert [g[-2:] for g in groups] == want
     finally:
         bench.stop_tenants(tenants)
     proc = subprocess.run(
