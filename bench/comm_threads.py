@@ -1,6 +1,6 @@
 """Where a CPU pipeline's threads spend their time: one T + D run (default 1 + 1), beside
-`--busy N` other tenants or not (`--busy-nice`, `--busy-nice-scope`: as in
-bench/pipeline_efficiency.py), each rank's threads read from /proc over the run's
+`--busy N` other tenants or not (`--busy-nice`, `--busy-nice-scope`, `--busy-policy`: as
+in bench/pipeline_efficiency.py), each rank's threads read from /proc over the run's
 steady part (from its first logging step to its last): per thread, the CPU-seconds it
 ran per second and the seconds it waited, runnable, for a core (schedstat). A rank's
 main thread computes; the others are the communication library's (gloo's event loops
@@ -109,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if tenants:
                 time.sleep(3)
-            return _run(cfg, args.perf, Path(tmp) / "sched.data")
+            # The tenants' settings go into the result, so runs can be told apart.
+            keys = ("busy", "busy_nice", "busy_nice_scope", "busy_policy")
+            setting = {k: getattr(args, k) for k in keys} if tenants else None
+            return _run(cfg, args.perf, Path(tmp) / "sched.data", setting)
         finally:
             stop_tenants(tenants)
 
 
-def _run(cfg, perf: bool, trace: Path) -> int:
+def _run(cfg, perf: bool, trace: Path, tenants: dict | None = None) -> int:
     cmd = torchrun_command(cfg, cfg.targets + cfg.drafters, module="dflash.distributed.rank_cli")
     job = subprocess.Popen(cmd, env=worker_env(), stdout=subprocess.DEVNULL)
     metrics = Path(cfg.out) / "metrics.jsonl"
@@ -154,6 +157,8 @@ def _run(cfg, perf: bool, trace: Path) -> int:
     span = last[0] - first[0]
     drafters = range(cfg.drafters)  # global ranks [0, D) are drafters (roles.py)
     result: dict = {"drafter_tok_per_s": round(tok_s), "seconds": round(span, 1)}
+    if tenants:
+        result["tenants"] = tenants
     cpu_by_role: dict[str, float] = {}
     for role, ranks in (("drafter", drafters), ("target", range(cfg.drafters, len(pids)))):
         rows = {"main_cpu": 0.0, "main_waiting": 0.0, "other_cpu": 0.0, "other_waiting": 0.0}

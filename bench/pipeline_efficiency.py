@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_tenant_arguments(parser: argparse.ArgumentParser) -> None:
-    """The tenant flags, shared with bench/comm_threads.py: --busy, --busy-nice and
-    --busy-nice-scope."""
+    """The tenant flags, shared with bench/comm_threads.py: --busy, --busy-nice,
+    --busy-nice-scope and --busy-policy."""
     parser.add_argument("--busy", type=int, default=0, help="other tenants to start first")
     parser.add_argument(
         "--busy-nice", type=int, default=0, help="the tenants' niceness, 0 (default) to 19"

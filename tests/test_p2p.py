@@ -17,10 +17,14 @@ from dflash.distributed.telemetry import COUNTERS
 def test_one_message_holds_the_metadata_then_the_features(dtype, rows, seq, feat_dim):
     wire = Wire(rows, seq, feat_dim, dtype)
     message = wire.empty("cpu")
-    assert message.numel() == (HEADER + 4 * rows * seq) * 8 + rows * seq * feat_dim * dtype.itemsize
+    meta_bytes = (HEADER + 4 * rows * seq) * 8
+    offset = wire.feat_offset
+    assert meta_bytes <= offset < meta_bytes + 256 and offset % 256 == 0
+    assert message.numel() == offset + rows * seq * feat_dim * dtype.itemsize
     meta, feats = wire.split(message)
+    assert meta.numel() == HEADER + 4 * rows * seq and meta.data_ptr() == message.data_ptr()
     assert feats.shape == (rows, seq, feat_dim) and feats.dtype == dtype
-    assert (feats.data_ptr() - message.data_ptr()) % 8 == 0  # aligned for any dtype
+    assert feats.data_ptr() - message.data_ptr() == offset  # as aligned as a tensor of its own
     g = torch.Generator().manual_seed(0)
     batch = PackedBatch(
         input_ids=torch.randint(0, 1000, (rows, seq), generator=g),

@@ -4,8 +4,9 @@ Wire format of one batch: ONE message, a byte buffer holding, in this order,
   meta  int64 [HEADER + 4*R*S]: header (global batch index, token/doc counts, the
         sender's cumulative telemetry counters), then input_ids, loss_mask, doc_ids,
         positions of the packed [R, S] batch;
-  feats [R, S, k*H] target features (bf16 on GPU, fp32 on CPU), written in place by the
-        target's forward (`out=`), so joining the two costs no copy.
+  feats [R, S, k*H] target features (bf16 on GPU, fp32 on CPU), from a 256-byte
+        boundary, written in place by the target's forward (`out=`), so joining the
+        two costs no copy.
 One message, not two: every gloo send or receive posted holds the pair's lock across a
 socket write, and beside another busy process each post is a chance for gloo's event
 loop to spin on that lock (docs/bench.md, "The communication threads beside a tenant").
@@ -80,19 +81,27 @@ class Wire:
         return HEADER + 4 * self.rows * self.seq_len
 
     @property
+    def feat_offset(self) -> int:
+        """Where the features start: the metadata's bytes rounded up to 256, so the
+        features are as aligned as a tensor of their own (the CUDA caching allocator
+        aligns blocks to 512 bytes): the metadata alone ends 8 bytes past a multiple of
+        16, which would leave bf16 features off the 16-byte alignment vectorised
+        kernels and cuBLAS prefer."""
+        return -(-self.meta_numel * 8 // 256) * 256
+
+    @property
     def nbytes(self) -> int:
         feats = self.rows * self.seq_len * self.feat_dim * self.dtype.itemsize
-        return self.meta_numel * 8 + feats
+        return self.feat_offset + feats
 
     def empty(self, device: torch.device | str) -> Tensor:
         return torch.empty(self.nbytes, dtype=torch.uint8, device=device)
 
     def split(self, buf: Tensor) -> tuple[Tensor, Tensor]:
-        """(meta int64 [meta_numel], feats [R, S, F]): views of one message buffer. The
-        features start at a multiple of 8 bytes, aligned for any dtype."""
-        cut = self.meta_numel * 8
+        """(meta int64 [meta_numel], feats [R, S, F]): views of one message buffer."""
+        cut = self.feat_offset
         feats = buf[cut:].view(self.dtype).view(self.rows, self.seq_len, self.feat_dim)
-        return buf[:cut].view(torch.int64), feats
+        return buf[: self.meta_numel * 8].view(torch.int64), feats
 
 
 def wire_of(cfg, run, sim=None) -> Wire:
