@@ -38,6 +38,7 @@ from pipeline_efficiency import (  # noqa: E402
     start_tenants,
     stop_tenants,
     tenant_options,
+    tenant_settings,
 )
 
 from dflash.bench.capacity import interval_means  # noqa: E402
@@ -109,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if tenants:
                 time.sleep(3)
-            # The tenants' settings go into the result, so runs can be told apart.
-            keys = ("busy", "busy_nice", "busy_nice_scope", "busy_policy")
-            setting = {k: getattr(args, k) for k in keys} if tenants else None
+            setting = {"tenants": args.busy, **tenant_settings(args)} if tenants else None
             return _run(cfg, args.perf, Path(tmp) / "sched.data", setting)
         finally:
             stop_tenants(tenants)
@@ -157,8 +156,7 @@ def _run(cfg, perf: bool, trace: Path, tenants: dict | None = None) -> int:
     span = last[0] - first[0]
     drafters = range(cfg.drafters)  # global ranks [0, D) are drafters (roles.py)
     result: dict = {"drafter_tok_per_s": round(tok_s), "seconds": round(span, 1)}
-    if tenants:
-        result["tenants"] = tenants
+    result.update(tenants or {})
     cpu_by_role: dict[str, float] = {}
     for role, ranks in (("drafter", drafters), ("target", range(cfg.drafters, len(pids)))):
         rows = {"main_cpu": 0.0, "main_waiting": 0.0, "other_cpu": 0.0, "other_waiting": 0.0}

@@ -88,6 +88,15 @@ def tenant_options(parser: argparse.ArgumentParser, args: argparse.Namespace):
     return args.busy, args.busy_nice, args.busy_nice_scope == "session", args.busy_policy == "idle"
 
 
+def tenant_settings(args: argparse.Namespace) -> dict:
+    """The tenant flags as a bench's JSON records them, so runs can be told apart."""
+    return {
+        "tenant_nice": args.busy_nice,
+        "tenant_nice_scope": args.busy_nice_scope,
+        "tenant_policy": args.busy_policy,
+    }
+
+
 AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
@@ -161,9 +170,7 @@ def _run(args: argparse.Namespace, tenants: list[subprocess.Popen]) -> int:
     summary = {"repeats": len(rows), "efficiency": [round(e, 3) for e in effs]}
     summary["load_average"] = round(os.getloadavg()[0], 2)
     if tenants:
-        summary["tenant_nice"] = args.busy_nice
-        summary["tenant_nice_scope"] = args.busy_nice_scope
-        summary["tenant_policy"] = args.busy_policy
+        summary.update(tenant_settings(args))
         summary["autogroup"] = autogroup_enabled()
     keys = ["drafter_compute", "drafter_cpu_share", "drafter_work_efficiency"]
     tenant_keys = ["tenant_cpu", "cpu_bound", "efficiency_of_bound"] if tenants else []

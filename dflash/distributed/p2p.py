@@ -145,11 +145,10 @@ class Sender:
 
     def _retire(self, d: int, block: bool) -> None:
         q = self.links[d]
-        while q and (block or all(w.is_completed() for w in q[0][0])):
-            works, g, _ = q.popleft()
-            for w in works:
-                who = self.layout.name(self.layout.drafter_rank(d))
-                wait(w, self.timeout, f"sending batch {g} to {who}")
+        while q and (block or q[0][0].is_completed()):
+            work, g, _ = q.popleft()
+            who = self.layout.name(self.layout.drafter_rank(d))
+            wait(work, self.timeout, f"sending batch {g} to {who}")
             block = False
 
     def in_flight(self) -> int:
@@ -165,8 +164,8 @@ class Sender:
                 self._retire(d, block=True)
         peer = self.layout.drafter_rank(d)
         what = f"sending batch {g} to {self.layout.name(peer)}"
-        works = [post(dist.isend, message, peer, what)]
-        self.links[d].append((works, g, message))  # keep the buffer alive until sent
+        work = post(dist.isend, message, peer, what)
+        self.links[d].append((work, g, message))  # keep the buffer alive until sent
 
     def flush(self) -> None:
         with self.clock("wait_send"):
@@ -207,8 +206,7 @@ class Receiver:
             message = self.free.pop()
             src = self.layout.target_rank(t)
             what = f"receiving batch {g} from {self.layout.name(src)}"
-            works = [post(dist.irecv, message, src, what)]
-            self.posted.append((g, t, works, message))
+            self.posted.append((g, t, post(dist.irecv, message, src, what), message))
 
     def get(self) -> tuple[int, int, Tensor, Tensor] | None:
         """Next (g, target, meta, feats), meta and feats views of the batch's message, or
@@ -219,11 +217,10 @@ class Receiver:
         self._post()
         if not self.posted:
             return None
-        g, t, works, message = self.posted.popleft()
+        g, t, work, message = self.posted.popleft()
         with self.clock("wait_recv"):
-            for w in works:
-                who = self.layout.name(self.layout.target_rank(t))
-                wait(w, self.timeout, f"receiving batch {g} from {who}")
+            who = self.layout.name(self.layout.target_rank(t))
+            wait(work, self.timeout, f"receiving batch {g} from {who}")
         self.current = message
         self._post()  # refill right away so the next transfer overlaps this batch
         return (g, t, *self.wire.split(message))
