@@ -172,7 +172,9 @@ class TrainConfig:
     )
     pin_cpus: bool = field(
         default=False,
-        metadata={"help": "CPU pipeline: each rank on one allowed CPU of its own"},
+        metadata={
+            "help": "CPU pipeline: each rank's main thread on an allowed CPU of its own, its other threads on the rest"
+        },
     )
 
     def __post_init__(self) -> None:

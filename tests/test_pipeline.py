@@ -235,12 +235,20 @@ def test_sigterm_checkpoints_at_next_logging_step_and_exits(tmp_path):
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX"
 
 
-def _allowed_cpus(pid: int) -> str:
-    """Cpus_allowed_list of a process's main thread."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def _allowed_cpus(status: Path) -> set[int]:
+    """Cpus_allowed_list of one thread (/proc/PID/task/TID/status), e.g. "0-2,5"."""
+    for line in status.read_text().splitlines():
         if line.startswith("Cpus_allowed_list:"):
-            return line.split(":", 1)[1].strip()
-    raise AssertionError(f"no Cpus_allowed_list in /proc/{pid}/status")
+            spans = [part.split("-") for part in line.split(":", 1)[1].strip().split(",")]
+            return {cpu for span in spans for cpu in range(int(span[0]), int(span[-1]) + 1)}
+    raise AssertionError(f"no Cpus_allowed_list in {status}")
+
+
+def _threads_cpus(pid: int) -> tuple[set[int], list[set[int]]]:
+    """CPUs allowed to a process's main thread, and to each of its other threads."""
+    tasks = Path(f"/proc/{pid}/task")
+    others = [_allowed_cpus(t / "status") for t in tasks.iterdir() if t.name != str(pid)]
+    return _allowed_cpus(tasks / str(pid) / "status"), others
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
@@ -250,14 +258,19 @@ def test_pin_cpus_puts_each_ranks_main_thread_on_its_own_cpu(tmp_path):
     proc = start(2, run, *flags, "--log-every", "2")
     wait_for_metrics(proc, run, timeout=300)
     pids = worker_pids(proc.pid)
-    allowed = {rank: _allowed_cpus(pid) for rank, pid in pids.items()}
+    placed = {rank: _threads_cpus(pid) for rank, pid in pids.items()}
     os.kill(proc.pid, signal.SIGTERM)  # stops at the next logging step
     _, log = finish(proc, timeout=90)
     assert "interrupted at step" in log, log[-3000:]
-    assert set(allowed) == {0, 1}, allowed
-    cpus = sorted(os.sched_getaffinity(0))[:2]
+    assert set(placed) == {0, 1}, placed
+    allowed = sorted(os.sched_getaffinity(0))
+    cpus = allowed[:2]
     # rank 0 is local rank 0: the first allowed CPU; rank 1 the second
-    assert allowed == {0: str(cpus[0]), 1: str(cpus[1])}, allowed
+    for rank, cpu in ((0, cpus[0]), (1, cpus[1])):
+        main, others = placed[rank]
+        assert main == {cpu}, placed
+        # the communication library's threads: every allowed CPU but the main thread's
+        assert others and all(o == set(allowed) - {cpu} for o in others), placed
     assert (
         f"(drafter 0): pinned to CPU {cpus[0]}" in log
         and f"(target 0): pinned to CPU {cpus[1]}" in log

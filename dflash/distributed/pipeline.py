@@ -13,8 +13,10 @@ stops the rest and exits non-zero.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -72,12 +74,20 @@ def _start(cfg: TrainConfig, layout: Layout, rank: int, device: torch.device):
 
 
 def _pin(device: torch.device) -> int:
-    """--pin-cpus: this rank runs on one CPU of its own, the LOCAL_RANK-th it may use.
-    Why: beside another tenant, Linux's fair scheduler splits the cores evenly between
-    an unpinned drafter and the tenant; pinned, the tenant mostly shares the core of the
-    target rank, which sleeps on back-pressure. Measured on 2 cores it lifted 1 + 1
-    beside a busy process from 0.61 to 0.74 of capacity, and took 0.045 of a core from
-    the tenant (docs/bench.md, "Pinning each rank to a core"). Opt-in for that reason."""
+    """--pin-cpus: this rank's main thread runs on one CPU of its own, the LOCAL_RANK-th it
+    may use, and its other threads (the communication library's, started with the process
+    groups) on the rest. Returns the main thread's CPU.
+    Why the main thread: beside another tenant, Linux's fair scheduler splits the cores
+    evenly between an unpinned drafter and the tenant; pinned, the tenant mostly shares
+    the core of the target rank, which sleeps on back-pressure.
+    Why the other threads elsewhere: gloo's event loop takes a pair's lock with try_lock
+    and, failing, returns to epoll_wait, which reports the same socket at once; the main
+    thread holds that lock across the socket write of every send or receive it posts.
+    Woken on the main thread's core, the loop preempts the lock holder and spins until
+    the next tick gives the core back; on another core it cannot preempt it.
+    Measured on 2 cores: docs/bench.md, "Pinning each rank to a core" and "The
+    communication threads off the main thread's core". Opt-in: it is placement, and
+    two pinned jobs on one host would share the same first CPUs."""
     if device.type != "cpu":
         raise ValueError(f"--pin-cpus is for CPU runs; this rank runs on {device}")
     cpus = sorted(os.sched_getaffinity(0))
@@ -90,8 +100,13 @@ def _pin(device: torch.device) -> int:
             f"--pin-cpus needs a CPU per rank: {ranks} ranks on this node, CPUs allowed: "
             f"{len(cpus)}; drop --pin-cpus or run fewer ranks"
         )
-    os.sched_setaffinity(0, {cpus[local]})  # this (the main) thread and those it starts later
-    return cpus[local]
+    main, rest = cpus[local], set(cpus) - {cpus[local]}
+    os.sched_setaffinity(0, {main})  # 0: the calling (main) thread, and those it starts later
+    others = [int(t) for t in os.listdir("/proc/self/task") if int(t) != threading.get_native_id()]
+    for tid in others if rest else []:  # one CPU allowed: nowhere else to put them
+        with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+            os.sched_setaffinity(tid, rest)
+    return main
 
 
 def run(cfg: TrainConfig, *, env_record=None, recipe=None, sim=None) -> dict[str, Any]:
@@ -113,7 +128,7 @@ def run(cfg: TrainConfig, *, env_record=None, recipe=None, sim=None) -> dict[str
         drafter_ranks = [layout.drafter_rank(d) for d in range(drafters)]
         group = dist.new_group(drafter_ranks, timeout=timeout)  # every rank must call this
         ctrl_group = dist.new_group(list(range(world)), timeout=timeout, backend="gloo")
-        if cfg.pin_cpus:  # after the groups: their communication threads stay unpinned
+        if cfg.pin_cpus:  # after the groups: their communication threads exist, to be placed
             print(f"{me}: pinned to CPU {_pin(device)}", flush=True)
         step, last, record = _start(cfg, layout, rank, device)
         if rank == layout.drafter_rank(0):
