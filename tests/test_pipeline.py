@@ -252,7 +252,7 @@ def _threads_cpus(pid: int) -> tuple[set[int], list[set[int]]]:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
-def test_pin_cpus_puts_each_ranks_main_thread_on_its_own_cpu(tmp_path):
+def test_pin_cpus_puts_each_ranks_main_thread_on_its_own_cpu_and_the_rest_elsewhere(tmp_path):
     run = tmp_path / "pin"
     flags = ["--targets", "1", "--drafters", "1", "--pin-cpus", "--max-steps", "2000"]
     proc = start(2, run, *flags, "--log-every", "2")
