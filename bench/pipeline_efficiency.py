@@ -18,6 +18,17 @@ of its own, and where the kernel groups sessions (autogroup) the niceness is set
 session too: `nice -n 19` alone does not lower a job against torchrun's ranks there
 (start_tenants says why); `--busy-nice-scope process` measures what it alone gives.
 `--busy-policy idle` starts them under SCHED_IDLE (`chrt --idle 0`).
+
+`--versus FLAGS` compares two conditions side by side in one run: each repeat is then a
+round of both (the flags after `--`, then with FLAGS added), the order reversed every
+other round so that a drift of the host weighs on both alike. The last line then also
+holds the second condition's medians (`versus_...`), the ratio of its efficiency to the
+first's round by round, in how many rounds it came out ahead and the two-sided Wilcoxon
+signed-rank p-value of those ratios. With 6 repeats or more, each median comes with a
+distribution-free 95% interval (`..._ci95`, dflash/bench/stats.py).
+
+    .venv/bin/python bench/pipeline_efficiency.py --targets 1 --drafters 1 --repeats 8 \
+        --batches 200 --versus=--pin-cpus -- --max-steps 200 --log-every 10
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -35,6 +47,7 @@ from pathlib import Path
 import torch
 
 from dflash.bench.capacity import measure
+from dflash.bench.stats import median_interval, paired_ratio_p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,14 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="run directories' parent (default: temp)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--batches", type=int, default=12, help="batches per stage alone")
+    parser.add_argument(
+        "--versus",
+        metavar="FLAGS",
+        help="a second condition: these `dflash train` flags added, e.g. --versus=--pin-cpus; "
+        "each repeat is then a round of both, the order reversed every other round",
+    )
     add_tenant_arguments(parser)
     parser.add_argument("flags", nargs="*", help="more `dflash train` flags, after --")
     args = parser.parse_args(argv)
+    conditions = _conditions(parser, args)
     tenants = start_tenants(*tenant_options(parser, args))
     try:
         if tenants:
             time.sleep(5)
-        return _run(args, tenants)
+        return _run(args, conditions, tenants)
     finally:
         stop_tenants(tenants)
 
@@ -151,32 +171,83 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _run(args: argparse.Namespace, tenants: list[subprocess.Popen]) -> int:
-    from dflash.train_cli import add_arguments, config_from_args
+def _train_parser() -> argparse.ArgumentParser:
+    from dflash.train_cli import add_arguments
 
-    train_parser = argparse.ArgumentParser()
-    add_arguments(train_parser)
+    parser = argparse.ArgumentParser(prog="dflash train", exit_on_error=False)
+    add_arguments(parser)
+    return parser
+
+
+def _conditions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, list]:
+    """{"base": the flags after --, "versus": those plus --versus's}, the train flags checked
+    before anything starts: a one-line error names the bad one."""
+    conditions = {"base": list(args.flags)}
+    if args.versus is not None:
+        extra = shlex.split(args.versus)
+        if not extra:
+            parser.error("--versus needs `dflash train` flags, e.g. --versus=--pin-cpus")
+        conditions["versus"] = conditions["base"] + extra
+    for name, flags in conditions.items():
+        where = "--versus" if name == "versus" else "the flags after --"
+        try:
+            unknown = _train_parser().parse_known_args(flags)[1]
+        except argparse.ArgumentError as e:
+            parser.error(f"{where}: {e}")
+        if unknown:
+            parser.error(f"{where}: not `dflash train` flags: {' '.join(unknown)}")
+    return conditions
+
+
+def _medians(rows: list[dict], tenants: bool) -> dict:
+    """One condition's efficiencies, their median (with its 95% interval from 6 repeats
+    on) and the medians of the efficiency's factors."""
+    effs = [float(r["efficiency"]) for r in rows]
+    out: dict = {"efficiency": [round(e, 3) for e in effs]}
+    keys = ["drafter_compute", "drafter_cpu_share", "drafter_work_efficiency"]
+    for key in keys + (["tenant_cpu", "cpu_bound", "efficiency_of_bound"] if tenants else []):
+        out[f"median_{key}"] = round(statistics.median(float(r[key]) for r in rows), 3)
+    ci = median_interval(effs)
+    out["median_efficiency_ci95"] = [round(x, 3) for x in ci] if ci else None
+    out["median_efficiency"] = round(statistics.median(effs), 3)
+    return out
+
+
+def _run(args: argparse.Namespace, conditions: dict[str, list], tenants: list) -> int:
+    from dflash.train_cli import config_from_args
+
     out = Path(args.out or tempfile.mkdtemp(prefix="dflash-eff-"))
     base = ["--wandb", "off", "--targets", str(args.targets), "--drafters", str(args.drafters)]
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    rows = []
+    rows: dict[str, list[dict]] = {name: [] for name in conditions}
     probe = (lambda: sum(_cpu_seconds(t.pid) for t in tenants)) if tenants else None
+    names = list(conditions)
     for i in range(args.repeats):
-        run = ["--out", str(out / f"run{i}")]
-        cfg = config_from_args(train_parser.parse_args(base + run + args.flags))
-        rows.append(measure(cfg, args.batches, tenant_cpu=probe))
-        print(json.dumps(rows[-1]), flush=True)
-    effs = [float(r["efficiency"]) for r in rows]
-    summary = {"repeats": len(rows), "efficiency": [round(e, 3) for e in effs]}
-    summary["load_average"] = round(os.getloadavg()[0], 2)
+        for name in names if i % 2 == 0 else names[::-1]:  # ABBA: drift weighs on both
+            run = ["--out", str(out / (f"run{i}" if len(names) == 1 else f"run{i}-{name}"))]
+            cfg = config_from_args(_train_parser().parse_args(base + run + conditions[name]))
+            row = {"condition": name, **measure(cfg, args.batches, tenant_cpu=probe)}
+            rows[name].append(row)
+            print(json.dumps(row), flush=True)
+    summary: dict = {"repeats": args.repeats, "load_average": round(os.getloadavg()[0], 2)}
     if tenants:
         summary.update(tenant_settings(args))
         summary["autogroup"] = autogroup_enabled()
-    keys = ["drafter_compute", "drafter_cpu_share", "drafter_work_efficiency"]
-    tenant_keys = ["tenant_cpu", "cpu_bound", "efficiency_of_bound"] if tenants else []
-    for key in keys + tenant_keys:
-        summary[f"median_{key}"] = round(statistics.median(float(r[key]) for r in rows), 3)
-    print(json.dumps({**summary, "median_efficiency": round(statistics.median(effs), 3)}))
+    if "versus" in rows:
+        ratios = [
+            v["efficiency"] / b["efficiency"]
+            for b, v in zip(rows["base"], rows["versus"], strict=True)
+        ]
+        versus = _medians(rows["versus"], bool(tenants))
+        summary.update(
+            {"versus_flags": args.versus, **{f"versus_{k}": x for k, x in versus.items()}}
+        )
+        summary["versus_over_base"] = [round(r, 3) for r in ratios]
+        summary["versus_ahead"] = f"{sum(r > 1 for r in ratios)} of {len(ratios)}"
+        summary["wilcoxon_p"] = round(paired_ratio_p(ratios), 4)
+        summary["median_versus_over_base"] = round(statistics.median(ratios), 3)
+    summary.update(_medians(rows["base"], bool(tenants)))  # median_efficiency last, as before
+    print(json.dumps(summary))
     return 0
 
 

@@ -87,3 +87,34 @@ def test_p_values_are_probabilities_and_sides_are_complementary(x, y):
 def test_ratio_estimate_is_scale_equivariant(base, factor):
     r1, *_ = stats.log_ratio([v * factor for v in base], base)
     assert r1 == pytest.approx(factor, rel=1e-9)
+
+
+def test_median_interval_is_the_sign_tests_order_statistics():
+    # n = 10: P(Bin(10, 1/2) <= 1) = 11/1024 <= 0.025 < P(<= 2) = 56/1024, so the 95%
+    # interval is [x_(2), x_(9)]; n = 5: even [min, max] misses the median with 2/32 > 0.05.
+    values = [0.93, 1.05, 0.87, 0.99, 0.9, 1.01, 0.95, 0.92, 0.96, 1.0]
+    assert stats.median_interval(values) == (0.9, 1.01)
+    assert stats.median_interval(values[:5]) is None
+    assert stats.median_interval(values[:6]) == (min(values[:6]), max(values[:6]))
+
+
+def test_median_interval_covers_the_median_at_least_as_often_as_it_says():
+    rng = random.Random(7)
+    hits = sum(
+        lo <= 0.0 <= hi
+        for lo, hi in (
+            stats.median_interval([rng.gauss(0, 1) for _ in range(12)]) for _ in range(400)
+        )
+    )
+    assert hits / 400 >= 0.93  # nominal >= 0.95 (0.961 for n = 12); 400 draws: sd 0.01
+
+
+def test_paired_ratio_p_is_the_exact_signed_rank_test():
+    # 6 pairs all one way: the exact two-sided p is 2 / 2**6.
+    assert stats.paired_ratio_p([1.1, 1.2, 1.05, 1.3, 1.15, 1.25]) == pytest.approx(2 / 64)
+    assert stats.paired_ratio_p(
+        [1 / r for r in (1.1, 1.2, 1.05, 1.3, 1.15, 1.25)]
+    ) == pytest.approx(2 / 64)
+    assert stats.paired_ratio_p([1.0, 1.0, 1.0]) == 1.0
+    with pytest.raises(ValueError, match="positive"):
+        stats.paired_ratio_p([1.1, 0.0])

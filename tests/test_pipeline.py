@@ -310,22 +310,45 @@ def _tenants() -> set[int]:
 def test_efficiency_bench_measures_its_busy_tenant_and_stops_it():
     before = _tenants()
     cmd = [sys.executable, "bench/pipeline_efficiency.py", "--targets", "1", "--drafters", "1"]
-    cmd += ["--busy", "1", "--batches", "3", "--", "--max-steps", "6", "--log-every", "2"]
+    cmd += ["--busy", "1", "--batches", "3", "--versus=--pin-cpus"]
+    cmd += ["--", "--max-steps", "6", "--log-every", "2"]
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    proc = subprocess.run(
-        [*cmd, "--pin-cpus"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.splitlines()[-1])
-    # A pure-Python loop beside a 2-rank pipeline on >= 2 CPUs gets some CPU, at most one.
-    assert 0.05 < summary["median_tenant_cpu"] <= 1.05, summary
-    assert summary["median_efficiency"] > 0
-    # What the tenant leaves of 2+ CPUs allows at least ~half the capacity, and the
-    # efficiency is that bound times the pipeline's own part.
-    assert 0.3 < summary["median_cpu_bound"] <= 1.0, summary
-    row = json.loads(proc.stdout.splitlines()[-2])
-    assert row["efficiency"] == pytest.approx(row["cpu_bound"] * row["efficiency_of_bound"])
+    *lines, last = proc.stdout.splitlines()
+    rows, summary = [json.loads(x) for x in lines if x.startswith("{")], json.loads(last)
+    assert [r["condition"] for r in rows] == ["base", "versus"]  # one round, both measured
+    for prefix in ("", "versus_"):
+        # A pure-Python loop beside a 2-rank pipeline on >= 2 CPUs gets some CPU, at most one.
+        assert 0.05 < summary[f"{prefix}median_tenant_cpu"] <= 1.05, summary
+        assert summary[f"{prefix}median_efficiency"] > 0
+        # What the tenant leaves of 2+ CPUs allows at least ~half the capacity.
+        assert 0.3 < summary[f"{prefix}median_cpu_bound"] <= 1.0, summary
+        assert summary[f"{prefix}median_efficiency_ci95"] is None  # 1 repeat: no interval
+    # The round's ratio is the two conditions' efficiencies, and the efficiency is the
+    # bound times the pipeline's own part.
+    ratio = rows[1]["efficiency"] / rows[0]["efficiency"]
+    assert summary["versus_over_base"] == [round(ratio, 3)]
+    assert summary["versus_ahead"] == f"{int(ratio > 1)} of 1"
+    for row in rows:
+        assert row["efficiency"] == pytest.approx(row["cpu_bound"] * row["efficiency_of_bound"])
     assert _tenants() == before  # killed at the end
+
+
+def test_efficiency_bench_names_a_bad_train_flag_before_starting():
+    before = _tenants()
+    cmd = [sys.executable, "bench/pipeline_efficiency.py", "--targets", "1", "--drafters", "1"]
+    for extra, want in (
+        (["--versus=--bogus"], "--versus: not `dflash train` flags: --bogus"),
+        (["--versus=--max-steps x"], "--versus: argument --max-steps: invalid int value: 'x'"),
+        (["--versus="], "--versus needs `dflash train` flags, e.g. --versus=--pin-cpus"),
+        (["--", "--bogus"], "the flags after --: not `dflash train` flags: --bogus"),
+    ):
+        proc = subprocess.run(
+            [*cmd, "--busy", "1", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 2 and want in proc.stderr.splitlines()[-1], proc.stderr
+    assert _tenants() == before  # --busy 1 started nothing
 
 
 def test_efficiency_bench_names_the_fix_when_a_session_cannot_be_niced(monkeypatch):

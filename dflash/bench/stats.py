@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from statistics import median as _median
 
-from scipy.stats import mannwhitneyu
+from scipy.stats import mannwhitneyu, quantile_test, wilcoxon
 
 EXACT_MAX = 50  # scipy's exact distribution up to n + m = 50 samples without ties
 
@@ -82,3 +82,27 @@ def median(values: Sequence[float]) -> float:
     if not values:
         raise ValueError("median of an empty sample")
     return float(_median(values))
+
+
+def median_interval(
+    values: Sequence[float], confidence: float = 0.95
+) -> tuple[float, float] | None:
+    """Distribution-free interval for the median: the order statistics that the sign test
+    (`scipy.stats.quantile_test`, p = 0.5) picks, covering the median with at least
+    `confidence`. None when the sample is too small for it (95%: 6 values; with 5 even
+    [min, max] covers it with 15/16 = 0.9375 only)."""
+    ci = quantile_test(values, q=median(values), p=0.5).confidence_interval(confidence)
+    if math.isnan(ci.low) or math.isnan(ci.high):
+        return None
+    return float(ci.low), float(ci.high)
+
+
+def paired_ratio_p(ratios: Sequence[float]) -> float:
+    """Two-sided Wilcoxon signed-rank p-value for "the paired ratios are centred on 1"
+    (`scipy.stats.wilcoxon` on their logarithms; exact for small samples without ties)."""
+    if min(ratios) <= 0:
+        raise ValueError("ratios must be positive")
+    logs = [math.log(r) for r in ratios]
+    if not any(logs):
+        return 1.0  # every pair identical: no evidence either way (scipy: nan)
+    return float(wilcoxon(logs).pvalue)

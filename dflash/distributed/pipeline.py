@@ -103,10 +103,12 @@ def _pin(device: torch.device) -> int:
         )
     main, rest = cpus[local], set(cpus) - {cpus[local]}
     os.sched_setaffinity(0, {main})  # 0: the calling (main) thread, and those it starts later
-    others = [int(t) for t in os.listdir("/proc/self/task") if int(t) != threading.get_native_id()]
-    for tid in others if rest else []:  # one CPU allowed: nowhere else to put them
-        with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
-            os.sched_setaffinity(tid, rest)
+    if rest:  # with one CPU allowed there is nowhere else to put the other threads
+        me = threading.get_native_id()
+        for tid in (int(t) for t in os.listdir("/proc/self/task")):
+            if tid != me:
+                with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+                    os.sched_setaffinity(tid, rest)
     return main
 
 
