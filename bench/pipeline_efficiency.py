@@ -27,6 +27,12 @@ first's round by round, in how many rounds it came out ahead and the two-sided W
 signed-rank p-value of those ratios. With 6 repeats or more, each median comes with a
 distribution-free 95% interval (`..._ci95`, dflash/bench/stats.py).
 
+`--interleave SECONDS` times the stages alone during each pipeline run instead of before
+and after it: the ranks are frozen every SECONDS of running while this process times the
+stages, and each stretch between two freezes is set against the stages timed seconds
+before and after it (dflash/bench/interleaved.py). A repeat's figures are then medians
+over its stretches; give the run time for several (`--max-steps 1000`).
+
     .venv/bin/python bench/pipeline_efficiency.py --targets 1 --drafters 1 --repeats 8 \
         --batches 200 --versus=--pin-cpus -- --max-steps 200 --log-every 10
 """
@@ -47,6 +53,7 @@ from pathlib import Path
 import torch
 
 from dflash.bench.capacity import measure
+from dflash.bench.interleaved import measure_interleaved
 from dflash.bench.stats import median_interval, paired_ratio_p
 
 
@@ -63,9 +70,18 @@ def main(argv: list[str] | None = None) -> int:
         help="a second condition: these `dflash train` flags added, e.g. --versus=--pin-cpus; "
         "each repeat is then a round of both, the order reversed every other round",
     )
+    parser.add_argument(
+        "--interleave",
+        type=float,
+        metavar="SECONDS",
+        help="time the stages alone during each run, freezing its ranks every SECONDS of "
+        "running (default: before and after it)",
+    )
     add_tenant_arguments(parser)
     parser.add_argument("flags", nargs="*", help="more `dflash train` flags, after --")
     args = parser.parse_args(argv)
+    if args.interleave is not None and not args.interleave > 0:
+        parser.error(f"--interleave {args.interleave:g}: give the seconds between freezes, e.g. 6")
     conditions = _conditions(parser, args)
     tenants = start_tenants(*tenant_options(parser, args))
     try:
@@ -226,7 +242,11 @@ def _run(args: argparse.Namespace, conditions: dict[str, list], tenants: list) -
         for name in names if i % 2 == 0 else names[::-1]:  # ABBA: drift weighs on both
             run = ["--out", str(out / (f"run{i}" if len(names) == 1 else f"run{i}-{name}"))]
             cfg = config_from_args(_train_parser().parse_args(base + run + conditions[name]))
-            row = {"condition": name, **measure(cfg, args.batches, tenant_cpu=probe)}
+            if args.interleave:
+                got = measure_interleaved(cfg, args.batches, args.interleave, tenant_cpu=probe)
+            else:
+                got = measure(cfg, args.batches, tenant_cpu=probe)
+            row = {"condition": name, **got}
             rows[name].append(row)
             print(json.dumps(row), flush=True)
     summary: dict = {"repeats": args.repeats, "load_average": round(os.getloadavg()[0], 2)}

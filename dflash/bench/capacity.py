@@ -33,41 +33,53 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Stages:
+    """One target and one drafter, each alone in this process, built once (the run, its
+    batches and their target features) so that they can be timed again and again."""
+
+    def __init__(self, cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> None:
+        run = build_run(cfg, "single")
+        self.run, self.device, self.warmup = run, run.device, warmup
+        self.data = [next(run.stream).to(run.device) for _ in range(batches + warmup)]
+        self.n_tokens = sum(b.n_tokens for b in self.data[warmup:])
+        target = run.target
+        self.feats = {id(b): target(b.input_ids, b.positions, b.doc_ids) for b in self.data}
+        # The trainer's step over one micro-batch (grad_accum 1), its metrics accumulated
+        # on the device as every trainer's loop does (train.py, drafter_rank.py).
+        self.acc = Accumulator(cfg.block_size, run.device)
+
+    def _timed(self, fn) -> tuple[float, float]:
+        for b in self.data[: self.warmup]:
+            fn(b)
+        _sync(self.device)
+        t, cpu = time.perf_counter(), time.process_time()
+        for b in self.data[self.warmup :]:
+            fn(b)
+        _sync(self.device)
+        n = self.n_tokens
+        return n / (time.perf_counter() - t), n / (time.process_time() - cpu)
+
+    def _train_one(self, b) -> None:
+        batch = FeatureBatch(0, b, self.feats[id(b)], b.n_tokens)
+        train_step(self.run, 0, [batch], n_micro=1, acc=self.acc)
+
+    def measure(self) -> dict[str, float]:
+        """Tokens/s of each stage, per wall second and per CPU-second of this process."""
+        target = self.run.target
+        t_rate, t_cpu = self._timed(lambda b: target(b.input_ids, b.positions, b.doc_ids))
+        d_rate, d_cpu = self._timed(self._train_one)
+        return {
+            "target_tok_per_s": t_rate,
+            "drafter_tok_per_s": d_rate,
+            "target_tok_per_cpu_s": t_cpu,
+            "drafter_tok_per_cpu_s": d_cpu,
+        }
+
+
 def stage_capacity(cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> dict[str, float]:
     """Tokens/s of one target and of one drafter, each alone in this process, per wall
     second and per CPU-second of this process."""
-    run = build_run(cfg, "single")
-    device, target = run.device, run.target
-    data = [next(run.stream).to(device) for _ in range(batches + warmup)]
-    n_tokens = sum(b.n_tokens for b in data[warmup:])
-
-    def timed(fn) -> tuple[float, float]:
-        for b in data[:warmup]:
-            fn(b)
-        _sync(device)
-        t, cpu = time.perf_counter(), time.process_time()
-        for b in data[warmup:]:
-            fn(b)
-        _sync(device)
-        return n_tokens / (time.perf_counter() - t), n_tokens / (time.process_time() - cpu)
-
-    target_rate, target_cpu_rate = timed(lambda b: target(b.input_ids, b.positions, b.doc_ids))
-    feats = {id(b): target(b.input_ids, b.positions, b.doc_ids) for b in data}
-
-    # The trainer's step over one micro-batch (grad_accum 1), its metrics accumulated on
-    # the device as every trainer's loop does (train.py, drafter_rank.py).
-    acc = Accumulator(cfg.block_size, device)
-
-    def train_one(b) -> None:
-        train_step(run, 0, [FeatureBatch(0, b, feats[id(b)], b.n_tokens)], n_micro=1, acc=acc)
-
-    drafter_rate, drafter_cpu_rate = timed(train_one)
-    return {
-        "target_tok_per_s": target_rate,
-        "drafter_tok_per_s": drafter_rate,
-        "target_tok_per_cpu_s": target_cpu_rate,
-        "drafter_tok_per_cpu_s": drafter_cpu_rate,
-    }
+    return Stages(cfg, batches, warmup).measure()
 
 
 def cpu_bound(
@@ -117,14 +129,29 @@ def measure(
     `tenant_cpu`: CPU-seconds used so far by other processes on the host (a tenant's);
     the result then holds what they got per second while the pipeline ran, the highest
     efficiency the CPUs they left allow (`cpu_bound`) and the pipeline's part of it."""
-    if not (cfg.targets and cfg.drafters):
-        raise ValueError("set --targets and --drafters")
-    before = stage_capacity(cfg, batches)
+    check_split(cfg)
+    stages = Stages(cfg, batches)
+    before = stages.measure()
     tenant0, t0 = tenant_cpu() if tenant_cpu else 0.0, time.perf_counter()
     pipe = pipeline_rate(cfg, cfg.targets + cfg.drafters)
-    tenant_got = (tenant_cpu() - tenant0) / (time.perf_counter() - t0) if tenant_cpu else 0.0
-    after = stage_capacity(cfg, batches)
+    tenant_got = (tenant_cpu() - tenant0) / (time.perf_counter() - t0) if tenant_cpu else None
+    after = stages.measure()
     alone = {k: math.sqrt(before[k] * after[k]) for k in before}
+    return {**figures(cfg, alone, pipe, tenant_got), "alone_before_after": [before, after]}
+
+
+def check_split(cfg: TrainConfig) -> None:
+    """A pipeline's efficiency needs both roles named."""
+    if not (cfg.targets and cfg.drafters):
+        raise ValueError("set --targets and --drafters")
+
+
+def figures(
+    cfg: TrainConfig, alone: dict[str, float], pipe: dict[str, float], tenant_got: float | None
+) -> dict[str, Any]:
+    """The efficiency of a pipeline that ran at `pipe` (PIPE_KEYS) against its stages
+    alone at `alone` (Stages.measure), and its factors; with `tenant_got` (the other
+    tenants' CPU-seconds per second meanwhile) also what they left (`cpu_bound`)."""
     stages = {
         "targets": cfg.targets * alone["target_tok_per_s"],
         "drafters": cfg.drafters * alone["drafter_tok_per_s"],
@@ -133,7 +160,7 @@ def measure(
     measured = pipe["drafter_tok_per_s"]
     efficiency = measured / stages[slowest]
     tenant = {}
-    if tenant_cpu:
+    if tenant_got is not None:
         # What the other tenant's CPU leaves of this process's CPUs caps the efficiency;
         # the rest of the shortfall (efficiency / cpu_bound) is the pipeline's own.
         left = len(os.sched_getaffinity(0)) - tenant_got
@@ -160,7 +187,6 @@ def measure(
         "drafters": cfg.drafters,
         "target_alone_tok_per_s": alone["target_tok_per_s"],
         "drafter_alone_tok_per_s": alone["drafter_tok_per_s"],
-        "alone_before_after": [before, after],
         "slowest_stage": slowest,
         "capacity_tok_per_s": stages[slowest],
         "measured_tok_per_s": measured,
