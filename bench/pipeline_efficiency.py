@@ -31,7 +31,8 @@ distribution-free 95% interval (`..._ci95`, dflash/bench/stats.py).
 and after it: the ranks are frozen every SECONDS of running while this process times the
 stages, and each stretch between two freezes is set against the stages timed seconds
 before and after it (dflash/bench/interleaved.py). A repeat's figures are then medians
-over its stretches; give the run time for several (`--max-steps 1000`).
+over its stretches; give the run time for several (on 2 cores, `--batches 30
+--interleave 4 -- --max-steps 1500` made 5-7).
 
     .venv/bin/python bench/pipeline_efficiency.py --targets 1 --drafters 1 --repeats 8 \
         --batches 200 --versus=--pin-cpus -- --max-steps 200 --log-every 10

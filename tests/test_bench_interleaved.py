@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,21 @@ def test_no_whole_interval_names_what_to_change():
         interleaved._stretches(_cfg(), recs, [(1, _alone(1.0)), (2, _alone(1.0))], [], 2.5)
 
 
+def test_a_process_gone_before_its_freeze_is_reported_and_the_rest_resumed():
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        assert interleaved._freeze([alive.pid, gone.pid]) is False
+        state = Path(f"/proc/{alive.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state not in "tT"  # resumed
+        assert interleaved._freeze([alive.pid]) is True
+        interleaved._resume([alive.pid])
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def test_a_line_cut_short_by_a_freeze_is_not_read(tmp_path: Path):
     log = tmp_path / "metrics.jsonl"
     assert interleaved._complete_lines(log) == []
@@ -71,7 +88,7 @@ def test_a_real_job_is_frozen_timed_and_resumed_to_its_end(tmp_path: Path, monke
     monkeypatch.setenv("WANDB_MODE", "disabled")
     froze = []
     real = interleaved._freeze
-    monkeypatch.setattr(interleaved, "_freeze", lambda pids: (froze.append(pids), real(pids)))
+    monkeypatch.setattr(interleaved, "_freeze", lambda pids: froze.append(pids) or real(pids))
     cfg = TrainConfig(
         out=str(tmp_path / "run"), wandb="off", targets=1, drafters=1, device="cpu",
         max_steps=400, log_every=5,

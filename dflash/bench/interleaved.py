@@ -44,16 +44,22 @@ def _complete_lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines() if x.strip()]
 
 
-def _freeze(pids: list[int], timeout: float = 5.0) -> None:
-    """SIGSTOP each and wait until every one reads as stopped (state T in /proc)."""
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+def _freeze(pids: list[int], timeout: float = 5.0) -> bool:
+    """SIGSTOP each and wait until every one reads as stopped (state T in /proc). False,
+    with every one resumed, if one has already exited (the job is ending)."""
     deadline = time.monotonic() + timeout
-    for pid in pids:
-        while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "tT":
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"rank process {pid} did not stop within {timeout:.0f} s")
-            time.sleep(0.001)
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        for pid in pids:
+            while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "tT":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rank process {pid} did not stop within {timeout:.0f} s")
+                time.sleep(0.001)
+    except (ProcessLookupError, FileNotFoundError):
+        _resume(pids)
+        return False
+    return True
 
 
 def _resume(pids: list[int]) -> None:
@@ -96,7 +102,8 @@ def measure_interleaved(
             # Wait for the first logging line: until then the ranks are starting up.
             if len(pids) < nproc or not _complete_lines(log):
                 continue
-            _freeze(pids)
+            if not _freeze(pids):
+                continue
             frozen = pids
             now, used = time.perf_counter(), tenant_cpu() if tenant_cpu else 0.0
             if freezes and tenant_cpu:
