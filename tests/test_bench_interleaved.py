@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from dflash.bench import interleaved
+from dflash.bench import capacity, interleaved
 from dflash.config import TrainConfig
 
 
@@ -62,10 +63,9 @@ def test_no_whole_interval_names_what_to_change():
 
 def test_a_process_gone_before_its_freeze_is_reported_and_the_rest_resumed():
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
+    gone = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process can have it
     try:
-        assert interleaved._freeze([alive.pid, gone.pid]) is False
+        assert interleaved._freeze([alive.pid, gone]) is False
         state = Path(f"/proc/{alive.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         assert state not in "tT"  # resumed
         assert interleaved._freeze([alive.pid]) is True
@@ -82,19 +82,42 @@ def test_a_line_cut_short_by_a_freeze_is_not_read(tmp_path: Path):
     assert interleaved._complete_lines(log) == [{"step": 10}, {"step": 20}]
 
 
+def test_interleaving_refuses_a_gpu_job(monkeypatch):
+    monkeypatch.setattr(interleaved, "resolve_device", lambda cfg: torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="this job runs on cuda:0: drop --interleave"):
+        interleaved.measure_interleaved(_cfg())
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_a_real_job_is_frozen_timed_and_resumed_to_its_end(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    froze = []
+    froze: list[list[int]] = []
+    timed_while: list[tuple[list[str], list[str]]] = []  # the ranks' states around each timing
     real = interleaved._freeze
     monkeypatch.setattr(interleaved, "_freeze", lambda pids: froze.append(pids) or real(pids))
+
+    class Watched(capacity.Stages):
+        def measure(self):
+            before = [_state(p) for p in froze[-1]]
+            got = super().measure()
+            timed_while.append((before, [_state(p) for p in froze[-1]]))
+            return got
+
+    monkeypatch.setattr(interleaved, "Stages", Watched)
     cfg = TrainConfig(
         out=str(tmp_path / "run"), wandb="off", targets=1, drafters=1, device="cpu",
         max_steps=400, log_every=5,
     )  # fmt: skip
     row = interleaved.measure_interleaved(cfg, batches=3, every=1.5)
-    assert len(froze) >= 2 and all(len(p) == 2 for p in froze)  # both ranks, each time
+    # Both ranks stayed stopped through every timing of the stages alone.
+    assert len(timed_while) >= 2
+    assert all(st in "tT" for pair in timed_while for states in pair for st in states)
+    assert all(len(states) == 2 for states, _ in timed_while)
     assert row["stretches"] >= 1 and len(row["stretch_efficiency"]) == row["stretches"]
     assert 0 < row["efficiency"] < 3 and 0 < row["drafter_compute"] <= 1
     # Resumed every time, the job ran to its last step.

@@ -130,12 +130,13 @@ def measure(
     the result then holds what they got per second while the pipeline ran, the highest
     efficiency the CPUs they left allow (`cpu_bound`) and the pipeline's part of it."""
     check_split(cfg)
-    stages = Stages(cfg, batches)
-    before = stages.measure()
+    # Built afresh each time, so that nothing of it holds memory while the ranks run and
+    # "after" starts from the state "before" did.
+    before = stage_capacity(cfg, batches)
     tenant0, t0 = tenant_cpu() if tenant_cpu else 0.0, time.perf_counter()
     pipe = pipeline_rate(cfg, cfg.targets + cfg.drafters)
     tenant_got = (tenant_cpu() - tenant0) / (time.perf_counter() - t0) if tenant_cpu else None
-    after = stages.measure()
+    after = stage_capacity(cfg, batches)
     alone = {k: math.sqrt(before[k] * after[k]) for k in before}
     return {**figures(cfg, alone, pipe, tenant_got), "alone_before_after": [before, after]}
 

@@ -1,8 +1,8 @@
 """Pipeline efficiency with the stages alone timed during the run, not before and after.
 
 Why: the efficiency divides the pipeline's tokens/s by its stages' alone, and on a VM
-whose speed drifts by 10% within seconds a repeat timed before and after a 15-s run
-reads anywhere from 0.73 to 1.08 on a quiet host (docs/bench.md). Here this process
+whose speed drifts by up to 25% within seconds a repeat timed before and after a 15-s run
+reads anywhere from 0.73 to 1.22 on a quiet host (docs/bench.md). Here this process
 freezes the ranks (SIGSTOP, every `every` seconds of running), times the stages alone
 while nothing else of the job runs, and resumes them (SIGCONT). Each stretch of pipeline
 between two freezes is then set against the stages timed just before and just after it,
@@ -12,6 +12,14 @@ A stretch counts only the logging intervals it holds whole: the first interval w
 after a resume spans the freeze (its wall time includes it) and is dropped, as is the
 run's first (start-up). A frozen rank keeps its sockets and its peers wait on them, so
 nothing times out unless a freeze outlasts --dist-timeout.
+
+Limits: lines are told apart by when they reach the file, and the lead drafter writes a
+line shortly after its interval ends (after a collective), so a freeze that falls in
+that gap, about a millisecond of a logging interval, keeps one interval that spans it
+(reading low; the median over stretches absorbs one). The tenants' CPU is counted from a
+resume to the next freeze, a little more than the whole intervals. The bench's Stages
+keep training between timings (same shapes, so the same cost per step). CPU only:
+SIGSTOP stops a rank's threads, not the kernels it has queued on a GPU.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash.bench.capacity import PIPE_KEYS, Stages, check_split, figures
+from dflash.components import resolve_device
 from dflash.config import TrainConfig
 from dflash.distributed.launch import torchrun_command, worker_env, worker_pids
 
@@ -62,6 +71,10 @@ def _freeze(pids: list[int], timeout: float = 5.0) -> bool:
     return True
 
 
+def _exit_on(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _resume(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -79,9 +92,15 @@ def measure_interleaved(
     (`batches` batches each); the figures of capacity.figures for each stretch between
     two freezes, and their medians over the stretches."""
     check_split(cfg)
+    device = resolve_device(cfg)
+    if device.type != "cpu":
+        raise ValueError(
+            f"--interleave freezes CPU ranks; this job runs on {device}: drop --interleave"
+        )
     stages = Stages(cfg, batches)
     nproc = cfg.targets + cfg.drafters
     log = Path(cfg.out) / "metrics.jsonl"
+    log.unlink(missing_ok=True)  # a rerun's old lines would count as this run's
     cmd = torchrun_command(cfg, nproc, module="dflash.distributed.rank_cli")
     proc = subprocess.Popen(cmd, env=worker_env(), stdout=subprocess.DEVNULL)
     start = time.monotonic()
@@ -89,6 +108,9 @@ def measure_interleaved(
     tenant_rates: list[float | None] = []  # the tenants' CPU per s over each stretch
     frozen: list[int] = []
     resumed = (0.0, 0.0)  # (time, tenants' CPU-seconds) at the last resume
+    # A plain `kill` of the bench must still run the `finally` below, or the ranks stay
+    # stopped for good (no timeout fires when every rank is stopped).
+    old_term = signal.signal(signal.SIGTERM, _exit_on)
     try:
         while True:
             try:
@@ -113,6 +135,7 @@ def measure_interleaved(
             _resume(frozen)
             frozen = []
     finally:
+        signal.signal(signal.SIGTERM, old_term)
         _resume(frozen)  # never leave a rank stopped
         if proc.poll() is None:  # an error here: end the job, ranks first
             for pid in worker_pids(proc.pid).values():
