@@ -117,6 +117,11 @@ def interval_means(run_dir: Path) -> dict[str, float]:
     recs = [json.loads(x) for x in lines if x.strip()][1:]
     if not recs:
         raise ValueError("need at least two logging steps: raise --max-steps or lower --log-every")
+    return pipe_means(recs)
+
+
+def pipe_means(recs: list[dict]) -> dict[str, float]:
+    """PIPE_KEYS averaged over metrics records (one per logging interval)."""
     return {k: sum(r[f"pipe/{k}"] for r in recs) / len(recs) for k in PIPE_KEYS}
 
 

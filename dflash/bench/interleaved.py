@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dflash.bench.capacity import PIPE_KEYS, Stages, check_split, figures
+from dflash.bench.capacity import Stages, check_split, figures, pipe_means
 from dflash.components import resolve_device
 from dflash.config import TrainConfig
 from dflash.distributed.launch import torchrun_command, worker_env, worker_pids
@@ -163,7 +163,7 @@ def _stretches(
         whole = recs[lines0 + 1 : lines1]  # the first after a resume spans the freeze
         if not whole:
             continue
-        pipe = {key: sum(r[f"pipe/{key}"] for r in whole) / len(whole) for key in PIPE_KEYS}
+        pipe = pipe_means(whole)
         alone = {key: math.sqrt(before[key] * after[key]) for key in before}
         tenant = tenant_rates[k] if k < len(tenant_rates) else None
         rows.append(figures(cfg, alone, pipe, tenant))
