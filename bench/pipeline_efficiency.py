@@ -2,7 +2,10 @@
 each repeat is a pipeline run between two measurements of its stages alone (`--batches`
 batches each); the last line is the median efficiency and of its factors: the drafters'
 compute fraction (the rest waits on targets), the share of a core they got while computing,
-and how far their CPU-seconds go against the stage alone (capacity.measure).
+and how far their CPU-seconds go against the stage alone (capacity.measure). Each repeat
+also reports `steal`: the CPU-seconds per second the hypervisor took from this machine
+while it ran (/proc/stat); above a few hundredths, the repeat measured the host as much
+as the pipeline.
 
     .venv/bin/python bench/pipeline_efficiency.py --targets 1 --drafters 1 --repeats 5 \
         --batches 40 -- --max-steps 30 --log-every 5
@@ -188,6 +191,19 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def host_steal_s() -> float | None:
+    """CPU-seconds the hypervisor has taken from this machine's virtual CPUs since boot
+    (/proc/stat's `steal`, summed over CPUs); None where the kernel does not report it."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()  # "cpu user nice system idle iowait irq softirq steal ..."
+    except OSError:
+        return None
+    if fields[0] != "cpu" or len(fields) < 9:
+        return None
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
 def _train_parser() -> argparse.ArgumentParser:
     from dflash.train_cli import add_arguments
 
@@ -224,6 +240,8 @@ def _medians(rows: list[dict], tenants: bool) -> dict:
     keys = ["drafter_compute", "drafter_cpu_share", "drafter_work_efficiency"]
     for key in keys + (["tenant_cpu", "cpu_bound", "efficiency_of_bound"] if tenants else []):
         out[f"median_{key}"] = round(statistics.median(float(r[key]) for r in rows), 3)
+    steal = [r["steal"] for r in rows if r["steal"] is not None]
+    out["median_steal"] = round(statistics.median(steal), 3) if steal else None
     ci = median_interval(effs)
     out["median_efficiency_ci95"] = [round(x, 3) for x in ci] if ci else None
     out["median_efficiency"] = round(statistics.median(effs), 3)
@@ -243,11 +261,15 @@ def _run(args: argparse.Namespace, conditions: dict[str, list], tenants: list) -
         for name in names if i % 2 == 0 else names[::-1]:  # ABBA: drift weighs on both
             run = ["--out", str(out / (f"run{i}" if len(names) == 1 else f"run{i}-{name}"))]
             cfg = config_from_args(_train_parser().parse_args(base + run + conditions[name]))
+            stolen0, t0 = host_steal_s(), time.perf_counter()
             if args.interleave:
                 got = measure_interleaved(cfg, args.batches, args.interleave, tenant_cpu=probe)
             else:
                 got = measure(cfg, args.batches, tenant_cpu=probe)
-            row = {"condition": name, **got}
+            stolen1, took = host_steal_s(), time.perf_counter() - t0
+            # CPU-seconds per second that the host took from this VM over the repeat
+            steal = None if stolen0 is None or stolen1 is None else (stolen1 - stolen0) / took
+            row = {"condition": name, **got, "steal": steal}
             rows[name].append(row)
             print(json.dumps(row), flush=True)
     summary: dict = {"repeats": args.repeats, "load_average": round(os.getloadavg()[0], 2)}

@@ -332,6 +332,10 @@ def test_efficiency_bench_measures_its_busy_tenant_and_stops_it():
     assert summary["versus_ahead"] == f"{int(ratio > 1)} of 1"
     for row in rows:
         assert row["efficiency"] == pytest.approx(row["cpu_bound"] * row["efficiency_of_bound"])
+        # What the hypervisor took over the repeat: CPU-seconds per second, at most all CPUs.
+        assert 0 <= row["steal"] <= os.cpu_count(), row
+    assert summary["median_steal"] == round(rows[0]["steal"], 3)
+    assert summary["versus_median_steal"] == round(rows[1]["steal"], 3)
     assert _tenants() == before  # killed at the end
 
 
