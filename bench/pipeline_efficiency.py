@@ -196,7 +196,9 @@ def host_steal_s() -> float | None:
     (/proc/stat's `steal`, summed over CPUs); None where the kernel does not report it."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
-            fields = f.readline().split()  # "cpu user nice system idle iowait irq softirq steal ..."
+            fields = (
+                f.readline().split()
+            )  # "cpu user nice system idle iowait irq softirq steal ..."
     except OSError:
         return None
     if fields[0] != "cpu" or len(fields) < 9:
