@@ -195,10 +195,9 @@ def host_steal_s() -> float | None:
     """CPU-seconds the hypervisor has taken from this machine's virtual CPUs since boot
     (/proc/stat's `steal`, summed over CPUs); None where the kernel does not report it."""
     try:
+        # The first line: "cpu user nice system idle iowait irq softirq steal ..."
         with open("/proc/stat", encoding="ascii") as f:
-            fields = (
-                f.readline().split()
-            )  # "cpu user nice system idle iowait irq softirq steal ..."
+            fields = f.readline().split()
     except OSError:
         return None
     if fields[0] != "cpu" or len(fields) < 9:
