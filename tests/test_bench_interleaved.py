@@ -66,8 +66,7 @@ def test_a_process_gone_before_its_freeze_is_reported_and_the_rest_resumed():
     gone = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process can have it
     try:
         assert interleaved._freeze([alive.pid, gone]) is False
-        state = Path(f"/proc/{alive.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        assert state not in "tT"  # resumed
+        assert interleaved.process_state(alive.pid) not in "tT"  # resumed
         assert interleaved._freeze([alive.pid]) is True
         interleaved._resume([alive.pid])
     finally:
@@ -88,10 +87,6 @@ def test_interleaving_refuses_a_gpu_job(monkeypatch):
         interleaved.measure_interleaved(_cfg())
 
 
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_a_real_job_is_frozen_timed_and_resumed_to_its_end(tmp_path: Path, monkeypatch):
@@ -103,9 +98,9 @@ def test_a_real_job_is_frozen_timed_and_resumed_to_its_end(tmp_path: Path, monke
 
     class Watched(capacity.Stages):
         def measure(self):
-            before = [_state(p) for p in froze[-1]]
+            before = [interleaved.process_state(p) for p in froze[-1]]
             got = super().measure()
-            timed_while.append((before, [_state(p) for p in froze[-1]]))
+            timed_while.append((before, [interleaved.process_state(p) for p in froze[-1]]))
             return got
 
     monkeypatch.setattr(interleaved, "Stages", Watched)

@@ -142,8 +142,14 @@ def measure(
     pipe = pipeline_rate(cfg, cfg.targets + cfg.drafters)
     tenant_got = (tenant_cpu() - tenant0) / (time.perf_counter() - t0) if tenant_cpu else None
     after = stage_capacity(cfg, batches)
-    alone = {k: math.sqrt(before[k] * after[k]) for k in before}
+    alone = geo_mean(before, after)
     return {**figures(cfg, alone, pipe, tenant_got), "alone_before_after": [before, after]}
+
+
+def geo_mean(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The stages alone over a stretch of pipeline: the geometric mean of their timings
+    just before and just after it, so a drift of the host weighs on both sides alike."""
+    return {k: math.sqrt(before[k] * after[k]) for k in before}
 
 
 def check_split(cfg: TrainConfig) -> None:

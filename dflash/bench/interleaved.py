@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import signal
 import statistics
@@ -37,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dflash.bench.capacity import Stages, check_split, figures, pipe_means
+from dflash.bench.capacity import Stages, check_split, figures, geo_mean, pipe_means
 from dflash.components import resolve_device
 from dflash.config import TrainConfig
 from dflash.distributed.launch import torchrun_command, worker_env, worker_pids
@@ -53,6 +52,11 @@ def _complete_lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines() if x.strip()]
 
 
+def process_state(pid: int) -> str:
+    """A process's state letter (/proc/PID/stat field 3: R running, S sleeping, T stopped...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def _freeze(pids: list[int], timeout: float = 5.0) -> bool:
     """SIGSTOP each and wait until every one reads as stopped (state T in /proc). False,
     with every one resumed, if one has already exited (the job is ending)."""
@@ -61,7 +65,7 @@ def _freeze(pids: list[int], timeout: float = 5.0) -> bool:
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         for pid in pids:
-            while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "tT":
+            while process_state(pid) not in "tT":
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"rank process {pid} did not stop within {timeout:.0f} s")
                 time.sleep(0.001)
@@ -164,7 +168,7 @@ def _stretches(
         if not whole:
             continue
         pipe = pipe_means(whole)
-        alone = {key: math.sqrt(before[key] * after[key]) for key in before}
+        alone = geo_mean(before, after)
         tenant = tenant_rates[k] if k < len(tenant_rates) else None
         rows.append(figures(cfg, alone, pipe, tenant))
     if not rows:
