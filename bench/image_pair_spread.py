@@ -3,7 +3,8 @@
 `dflash bench run --image` (paired image runs) and `dflash bench bisect IMAGE IMAGE`
 measure pairs of containers, back to back (runner.run_pairs). This runs pairs of the
 same image on both sides, through the same code, so every pair's ratio should be 1: the
-SD of its log is the noise a real change has to beat. `--rounds` repeats the whole
+SD of its log is the noise a real change has to beat. It prints that SD for the
+verdict's samples and for the reference-corrected ones. `--rounds` repeats the whole
 measurement, to see the spread of that SD too.
 
   .venv/bin/python bench/image_pair_spread.py dflash:cu128 --pairs 5 --rounds 2
@@ -20,9 +21,10 @@ import statistics
 import sys
 import time
 
+from dflash.bench.compare import paired_samples
 from dflash.bench.image import docker_client, docker_image_info, engine_address
 from dflash.bench.image_env import ImageEnv
-from dflash.bench.runner import concurrent_pairs, repeat_sample, run_pairs
+from dflash.bench.runner import concurrent_pairs, run_pairs, summarize
 from dflash.bench.workloads import get_workload
 
 
@@ -55,15 +57,20 @@ def main() -> int:
     for k in range(args.rounds):
         t0 = time.perf_counter()
         cand, base = run_pairs(w, a, b, print if args.verbose else lambda _: None, args.pairs)
-        logs = [
-            math.log(repeat_sample(w, c["steps"]) / repeat_sample(w, d["steps"]))
-            for c, d in zip(cand, base, strict=True)
-        ]
-        print(
-            f"round {k + 1}: SD of log ratio {statistics.stdev(logs):.4f}, ratios "
-            + " ".join(f"{math.exp(v):.3f}" for v in logs)
-            + f", {time.perf_counter() - t0:.0f} s"
-        )
+        sc, sb = summarize(w, cand), summarize(w, base)
+        # The verdict's samples (compare.paired_samples: uncorrected where the workload
+        # has a machine-speed reference) and the reference-corrected ones.
+        for name, x, y in (
+            ("verdict's samples", paired_samples(sc), paired_samples(sb)),
+            ("reference-corrected", sc["samples"], sb["samples"]),
+        ):
+            logs = [math.log(c / d) for c, d in zip(x, y, strict=True)]
+            print(
+                f"round {k + 1}, {name}: SD of log ratio {statistics.stdev(logs):.4f}, "
+                + "ratios "
+                + " ".join(f"{math.exp(v):.3f}" for v in logs)
+            )
+        print(f"round {k + 1}: {time.perf_counter() - t0:.0f} s")
     return 0
 
 
