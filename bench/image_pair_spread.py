@@ -24,6 +24,7 @@ import time
 from dflash.bench.compare import paired_samples
 from dflash.bench.image import docker_client, docker_image_info, engine_address
 from dflash.bench.image_env import ImageEnv
+from dflash.bench.paired import paired_verdict
 from dflash.bench.runner import concurrent_pairs, run_pairs, summarize
 from dflash.bench.workloads import get_workload
 
@@ -59,16 +60,17 @@ def main() -> int:
         cand, base = run_pairs(w, a, b, print if args.verbose else lambda _: None, args.pairs)
         sc, sb = summarize(w, cand), summarize(w, base)
         # The verdict's samples (compare.paired_samples: uncorrected where the workload
-        # has a machine-speed reference) and the reference-corrected ones.
+        # has a machine-speed reference) and the reference-corrected ones; the per-pair
+        # ratios are paired_verdict's own, so this is the spread the verdict sees.
         for name, x, y in (
             ("verdict's samples", paired_samples(sc), paired_samples(sb)),
             ("reference-corrected", sc["samples"], sb["samples"]),
         ):
-            logs = [math.log(c / d) for c, d in zip(x, y, strict=True)]
+            ratios = paired_verdict(x, y, 0.05, w.min_effect).ratios
+            sd = statistics.stdev(math.log(r) for r in ratios)
             print(
-                f"round {k + 1}, {name}: SD of log ratio {statistics.stdev(logs):.4f}, "
-                + "ratios "
-                + " ".join(f"{math.exp(v):.3f}" for v in logs)
+                f"round {k + 1}, {name}: SD of log ratio {sd:.4f}, ratios "
+                + " ".join(f"{r:.3f}" for r in ratios)
             )
         print(f"round {k + 1}: {time.perf_counter() - t0:.0f} s")
     return 0

@@ -134,7 +134,8 @@ def test_bisect_between_images_names_the_package_that_slows_training(tmp_path):
     # (one pair of GOOD + inert-extra against GOOD read 0.83-1.15) that CI once measured
     # the busy package alone at 0.957x, not slow, and named both packages. With 30
     # steps, two GOOD-against-GOOD runs of 5 pairs read SD 0.034 and 0.028 of the log
-    # ratio and the busy package alone 0.65-0.83x (docs/bench.md, "Bisecting").
+    # ratio (reference-corrected) and the busy package alone 0.765x and 0.763x, every
+    # pair 0.65-1.00 (docs/bench.md, "Bisecting").
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "dflash", "bench", "bisect", good.info["id"], bad.id,
