@@ -16,7 +16,8 @@ per-round ratio's median with its distribution-free 95% interval as its last lin
 - `beside NEIGHBOUR`: pinned to one CPU while the next one is idle or runs a neighbour
   (`target`: the target's forward in a loop, what the other rank runs in a 1 + 1
   pipeline; `busy`: a pure-Python loop), switched by SIGSTOP/SIGCONT; the two CPUs swap
-  every two rounds.
+  every two rounds. `waker` runs on the step's own CPU instead: it wakes every 5 ms and
+  touches 256 KB, so the step is preempted about as often as a pipeline drafter's is.
 - `processes K`: K processes built alike, a block each per round in random order, all on
   the same CPU in a round: does where a process's memory landed change its speed?
 - `inputs`: the micro-batches the capacity times (its 30 batches, all with batch index 0)
@@ -106,9 +107,22 @@ def probe_cpus(rounds: int) -> dict:
                    rounds_more_than_10pct_apart=apart)  # fmt: skip
 
 
+# `waker`: on the step's own CPU, wakes every 5 ms and touches 256 KB, then sleeps: about
+# the preemptions a pipeline drafter's main thread takes (98 a second, docs/bench.md)
+WAKER = """
+import time
+buf = bytearray(256 * 1024)
+while True:
+    time.sleep(0.005)
+    for i in range(0, len(buf), 4096):
+        buf[i] = (buf[i] + 1) & 255
+"""
+
+
 def _neighbour(kind: str) -> subprocess.Popen:
-    if kind == "busy":
-        return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    if kind in ("busy", "waker"):
+        code = "while True: pass" if kind == "busy" else WAKER
+        return subprocess.Popen([sys.executable, "-c", code])
     proc = subprocess.Popen(
         [sys.executable, __file__, "_target-loop"], stdout=subprocess.PIPE, text=True
     )
@@ -137,7 +151,7 @@ def probe_beside(kind: str, rounds: int) -> dict:
         for r in range(rounds):
             mine, other = cpus if (r // 2) % 2 == 0 else cpus[::-1]
             os.sched_setaffinity(0, {mine})
-            os.sched_setaffinity(nb.pid, {other})
+            os.sched_setaffinity(nb.pid, {mine if kind == "waker" else other})
             got = {}
             for state in ("idle", "busy") if r % 2 == 0 else ("busy", "idle"):
                 os.kill(nb.pid, signal.SIGCONT if state == "busy" else signal.SIGSTOP)
@@ -147,7 +161,8 @@ def probe_beside(kind: str, rounds: int) -> dict:
     finally:
         nb.kill()
         nb.wait()
-    return summary(f"beside a {kind} neighbour over beside an idle CPU", ratios)
+    where = "on the same CPU" if kind == "waker" else "on the other CPU"
+    return summary(f"beside a {kind} neighbour {where} over without it", ratios)
 
 
 def _block_server() -> None:
@@ -256,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("cpus", "inputs"):
         sub.add_parser(name).add_argument("--rounds", type=int, default=30)
     beside = sub.add_parser("beside")
-    beside.add_argument("neighbour", choices=["target", "busy"])
+    beside.add_argument("neighbour", choices=["target", "busy", "waker"])
     beside.add_argument("--rounds", type=int, default=60)
     procs = sub.add_parser("processes")
     procs.add_argument("k", type=int)

@@ -292,6 +292,33 @@ def test_pin_cpus_errors_name_the_flag_and_the_fix(monkeypatch):
         pipeline._pin(torch.device("cuda", 1))
 
 
+def test_pinned_capacity_times_each_stage_on_its_ranks_cpu(monkeypatch, tmp_path):
+    from dflash.bench import capacity
+
+    # drafters come first: drafter 0 is local rank 0, target 0 local rank `drafters`
+    monkeypatch.setattr(capacity.os, "sched_getaffinity", lambda _: {4, 5, 6, 7})
+    cfg = TrainConfig(targets=1, drafters=2, pin_cpus=True, out=str(tmp_path))
+    assert capacity.rank_cpus(cfg) == {"drafter": 4, "target": 6}
+    assert capacity.rank_cpus(TrainConfig(targets=1, drafters=2, out=str(tmp_path))) is None
+    # fewer CPUs than ranks: no placement here; the ranks themselves refuse (_pin above)
+    assert capacity.rank_cpus(TrainConfig(targets=3, drafters=2, pin_cpus=True, out=".")) is None
+    monkeypatch.undo()
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    allowed = os.sched_getaffinity(0)
+    cfg = TrainConfig(targets=1, drafters=1, pin_cpus=True, out=str(tmp_path), wandb="off")
+    stages = capacity.Stages(cfg, batches=1, warmup=0)
+    seen = []
+    timed = stages._timed
+    monkeypatch.setattr(
+        stages, "_timed", lambda fn: seen.append(os.sched_getaffinity(0)) or timed(fn)
+    )
+    stages.measure()
+    cpus = sorted(allowed)
+    assert seen == [{cpus[1]}, {cpus[0]}]  # the target's stage, then the drafter's
+    assert os.sched_getaffinity(0) == allowed  # given back
+
+
 def _tenants() -> set[int]:
     """Live (not zombie) processes running the benchmark's busy loop."""
     found = set()

@@ -49,7 +49,8 @@ def test_inputs_probe_times_every_variant_against_the_capacitys_batches():
     ("args", "words"),
     [
         (("cpus",), "CPU 1 over CPU 0"),
-        (("beside", "busy"), "beside a busy neighbour"),
+        (("beside", "busy"), "beside a busy neighbour on the other CPU"),
+        (("beside", "waker"), "beside a waker neighbour on the same CPU"),
         (("processes", "2"), "over the round's median"),
     ],
 )

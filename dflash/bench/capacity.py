@@ -10,6 +10,7 @@ prints them as JSON.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -64,16 +65,47 @@ class Stages:
         train_step(self.run, 0, [batch], n_micro=1, acc=self.acc)
 
     def measure(self) -> dict[str, float]:
-        """Tokens/s of each stage, per wall second and per CPU-second of this process."""
+        """Tokens/s of each stage, per wall second and per CPU-second of this process; with
+        --pin-cpus each on the CPU its rank is pinned to (`rank_cpus`)."""
         target = self.run.target
-        t_rate, t_cpu = self._timed(lambda b: target(b.input_ids, b.positions, b.doc_ids))
-        d_rate, d_cpu = self._timed(self._train_one)
+        cpus = rank_cpus(self.run.cfg)
+        with on_cpu(cpus["target"] if cpus else None):
+            t_rate, t_cpu = self._timed(lambda b: target(b.input_ids, b.positions, b.doc_ids))
+        with on_cpu(cpus["drafter"] if cpus else None):
+            d_rate, d_cpu = self._timed(self._train_one)
         return {
             "target_tok_per_s": t_rate,
             "drafter_tok_per_s": d_rate,
             "target_tok_per_cpu_s": t_cpu,
             "drafter_tok_per_cpu_s": d_cpu,
         }
+
+
+def rank_cpus(cfg: TrainConfig) -> dict[str, int] | None:
+    """With --pin-cpus, the CPUs that drafter 0 and target 0 of a one-node job run their
+    steps on (distributed/pipeline.py::_pin: local rank i on the i-th allowed CPU; drafters
+    come first, roles.Layout), so that each stage alone is timed on its rank's CPU: on a VM
+    the virtual CPUs run at different speeds from one moment to the next (docs/bench.md,
+    "Where the quiet 6% is not"), and a capacity timed on the other one would set the
+    stage against another CPU's speed. None when the ranks are not pinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not cfg.pin_cpus or len(cpus) < cfg.targets + cfg.drafters:
+        return None  # too few CPUs: the ranks refuse to start (pipeline._pin says why)
+    return {"drafter": cpus[0], "target": cpus[cfg.drafters]}
+
+
+@contextlib.contextmanager
+def on_cpu(cpu: int | None):
+    """Run the block with this thread on `cpu` alone (None: leave it where it may run)."""
+    if cpu is None:
+        yield
+        return
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 def stage_capacity(cfg: TrainConfig, batches: int = 12, warmup: int = 3) -> dict[str, float]:
