@@ -5,31 +5,45 @@ Each mode times the trainer's own step (dflash.step.train_step, the capacity's s
 alone: dflash/bench/capacity.py) in short blocks, as the median thread CPU time per step,
 so that a block is not charged for time its thread spent off the CPU. Conditions
 alternate block by block (the host's speed drifts within seconds), and each prints the
-per-round ratio's median with its distribution-free 95% interval as its last line (JSON).
+per-round ratio's median with its distribution-free 95% interval as its last line (JSON;
+the interval from 6 rounds on). A ratio above 1 means the step took more CPU time.
 
-    .venv/bin/python bench/step_speed.py cpus --rounds 30       # CPU 1 over CPU 0, same step
+    .venv/bin/python bench/step_speed.py cpus --rounds 30          # CPU 1 over CPU 0
     .venv/bin/python bench/step_speed.py beside target --rounds 60  # other CPU busy / idle
-    .venv/bin/python bench/step_speed.py processes 6 --rounds 40   # each process / the round's median
-    .venv/bin/python bench/step_speed.py inputs --rounds 40        # the pipeline's inputs / the capacity's
+    .venv/bin/python bench/step_speed.py processes 6 --rounds 40    # each / the round's median
+    .venv/bin/python bench/step_speed.py inputs --rounds 40         # pipeline's / capacity's
 
-- `cpus`: one process, pinned to CPU 0 then CPU 1 (the order alternating by round).
-- `beside NEIGHBOUR`: pinned to one CPU while the next one is idle or runs a neighbour
+- `cpus`: one process, pinned to one CPU, then the other, then the first again (which
+  goes first alternates by round): the second CPU over the first (over the geometric
+  mean of the first's two blocks, which bracket it in time) and, as the control, the
+  first CPU's second block over its first, as far apart in time. If the two CPUs ran at
+  one speed that drifts, both would spread alike. Each block's median is printed (ms).
+- `beside NEIGHBOUR`: pinned to one CPU while the other one is idle or runs a neighbour
   (`target`: the target's forward in a loop, what the other rank runs in a 1 + 1
   pipeline; `busy`: a pure-Python loop), switched by SIGSTOP/SIGCONT; the two CPUs swap
   every two rounds. `waker` runs on the step's own CPU instead: it wakes every 5 ms and
-  touches 256 KB, so the step is preempted about as often as a pipeline drafter's is.
+  copies 256 KB, so the step is preempted about 200 times a second and loses that much
+  cache each time (a pipeline drafter's main thread: about 100 preemptions a second).
 - `processes K`: K processes built alike, a block each per round in random order, all on
   the same CPU in a round: does where a process's memory landed change its speed?
-- `inputs`: the micro-batches the capacity times (its 30 batches, all with batch index 0)
-  against what a pipeline drafter trains on: each batch's own index (its own anchors),
-  fresh batches from the stream, and those read through a message buffer as
-  dflash/distributed/p2p.py receives them.
+- `inputs`: micro-batches as the capacity times them (a fixed set of 30, every one as
+  batch 0) against what a pipeline drafter trains on: each batch's own index (its own
+  anchors), fresh batches from the stream, and fresh batches read as views of a message
+  buffer in dflash/distributed/p2p.py's layout (packed untimed just before each step on
+  the same CPU; in a pipeline gloo's thread writes it, maybe from the other CPU). Pinned
+  to one CPU per round, alternating.
+
+Every child process is killed when this one dies, however it dies (Linux's parent-death
+signal), so no busy neighbour outlives a killed probe.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
+import math
 import os
 import random
 import signal
@@ -39,12 +53,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import torch
 
 from dflash.bench.stats import median_interval
 
-BLOCK = 20  # steps per block: ~0.3-0.5 s of the tiny preset on this class of host
+BLOCK = 20  # timed steps per block: ~0.3-0.5 s of the tiny preset on this class of host
+WARM = 2  # untimed steps first: the caches after a switch of CPU or condition
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def _config(extra: list[str] | None = None):
@@ -62,14 +80,18 @@ def _stages(batches: int = BLOCK):
     return Stages(_config(), batches=batches)
 
 
-def block(step: Callable[[int], None], n: int = BLOCK, warm: int = 2) -> float:
-    """Median thread CPU seconds of `step(i)` over n calls, after `warm` untimed ones."""
-    for i in range(warm):
-        step(i)
+def block(
+    step: Callable[[Any], None], n: int = BLOCK, prepare: Callable[[int], Any] = lambda i: i
+) -> float:
+    """Median thread CPU seconds of `step(prepare(i))` over n calls, after WARM untimed
+    ones; `prepare` runs untimed."""
+    for i in range(WARM):
+        step(prepare(i))
     times = []
-    for i in range(n):
+    for i in range(WARM, WARM + n):
+        x = prepare(i)
         t = time.thread_time()
-        step(warm + i)
+        step(x)
         times.append(time.thread_time() - t)
     return statistics.median(times)
 
@@ -77,6 +99,20 @@ def block(step: Callable[[int], None], n: int = BLOCK, warm: int = 2) -> float:
 def _stages_step(st) -> Callable[[int], None]:
     data = st.data[st.warmup :]
     return lambda i: st._train_one(data[i % len(data)])
+
+
+def _cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))[:2]
+
+
+@contextlib.contextmanager
+def _affinity_kept():
+    """The probes pin this process block by block; give its CPUs back after."""
+    allowed = os.sched_getaffinity(0)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 def summary(name: str, ratios: list[float], **extra) -> dict:
@@ -88,46 +124,63 @@ def summary(name: str, ratios: list[float], **extra) -> dict:
         "median": round(statistics.median(ratios), 3),
         "ci95": [round(x, 3) for x in ci] if ci else None,
         "range": [round(min(ratios), 3), round(max(ratios), 3)],
+        "rounds_more_than_10pct_apart": sum(abs(r - 1) > 0.1 for r in ratios),
         **extra,
     }
 
 
+def _child(cmd: list[str], **kw) -> subprocess.Popen:
+    """A child that gets SIGKILL when this process dies, however it dies (Linux)."""
+
+    def die_with_parent() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return subprocess.Popen(cmd, preexec_fn=die_with_parent, **kw)
+
+
+@_affinity_kept()
 def probe_cpus(rounds: int) -> dict:
-    cpus = sorted(os.sched_getaffinity(0))[:2]
+    cpus = _cpus()
     step = _stages_step(_stages())
-    ratios = []
+    across, control, blocks = [], [], []
     for r in range(rounds):
-        got = {}
-        for cpu in cpus if r % 2 == 0 else cpus[::-1]:
+        a, b = cpus if r % 2 == 0 else cpus[::-1]
+        got = []
+        for cpu in (a, b, a):
             os.sched_setaffinity(0, {cpu})
-            got[cpu] = block(step)
-        ratios.append(got[cpus[1]] / got[cpus[0]])  # > 1: the second CPU was slower
-    apart = sum(abs(r - 1) > 0.1 for r in ratios)
-    return summary(f"CPU {cpus[1]} over CPU {cpus[0]}, per-step CPU time", ratios,
-                   rounds_more_than_10pct_apart=apart)  # fmt: skip
+            got.append(block(step))
+        blocks.append([[cpu, round(t * 1e3, 2)] for cpu, t in zip((a, b, a), got, strict=True)])
+        ratio = got[1] / math.sqrt(got[0] * got[2])
+        across.append(ratio if b == cpus[1] else 1 / ratio)
+        control.append(got[2] / got[0])
+    ctl = summary("the first CPU's second block over its first, as far apart", control)
+    keep = ("probe", "median", "ci95", "range", "rounds_more_than_10pct_apart")
+    return summary(
+        f"CPU {cpus[1]} over CPU {cpus[0]}, per-step CPU time",
+        across,
+        control={k: ctl[k] for k in keep},
+        block_ms=blocks,  # per round: [cpu, median ms per step] in the order run
+    )
 
 
-# `waker`: on the step's own CPU, wakes every 5 ms and touches 256 KB, then sleeps: about
-# the preemptions a pipeline drafter's main thread takes (98 a second, docs/bench.md)
+# `waker`: sleeps 5 ms, then copies 256 KB (evicting about that much of the step's cache)
 WAKER = """
 import time
-buf = bytearray(256 * 1024)
+buf, zeros = bytearray(256 * 1024), bytes(256 * 1024)
 while True:
     time.sleep(0.005)
-    for i in range(0, len(buf), 4096):
-        buf[i] = (buf[i] + 1) & 255
+    buf[:] = zeros
 """
 
 
 def _neighbour(kind: str) -> subprocess.Popen:
     if kind in ("busy", "waker"):
-        code = "while True: pass" if kind == "busy" else WAKER
-        return subprocess.Popen([sys.executable, "-c", code])
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "_target-loop"], stdout=subprocess.PIPE, text=True
-    )
+        return _child([sys.executable, "-c", "while True: pass" if kind == "busy" else WAKER])
+    proc = _child([sys.executable, __file__, "_target-loop"], stdout=subprocess.PIPE, text=True)
     if proc.stdout is None or proc.stdout.readline().strip() != "ready":
-        raise RuntimeError("the target-loop neighbour did not start")
+        proc.kill()
+        proc.wait()
+        raise RuntimeError("the target-loop neighbour did not start (its error is above)")
     return proc
 
 
@@ -141,8 +194,9 @@ def _target_loop() -> None:
             target(b.input_ids, b.positions, b.doc_ids)
 
 
+@_affinity_kept()
 def probe_beside(kind: str, rounds: int) -> dict:
-    cpus = sorted(os.sched_getaffinity(0))[:2]
+    cpus = _cpus()
     nb = _neighbour(kind)
     try:
         os.kill(nb.pid, signal.SIGSTOP)
@@ -174,16 +228,22 @@ def _block_server() -> None:
         print(block(step), flush=True)
 
 
+def _read(kid: subprocess.Popen, i: int) -> str:
+    line = kid.stdout.readline() if kid.stdout else ""
+    if not line:
+        raise RuntimeError(f"process {i} ended (exit code {kid.poll()}; its error is above)")
+    return line.strip()
+
+
 def probe_processes(k: int, rounds: int) -> dict:
-    cpus = sorted(os.sched_getaffinity(0))[:2]
+    cpus = _cpus()
     cmd = [sys.executable, __file__, "_block-server"]
-    kids = [
-        subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        for _ in range(k)
-    ]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    kids = [_child(cmd, **pipes) for _ in range(k)]
     try:
-        for kid in kids:
-            assert kid.stdout is not None and kid.stdout.readline().strip() == "ready"
+        for i, kid in enumerate(kids):
+            if _read(kid, i) != "ready":
+                raise RuntimeError(f"process {i} did not start")
         per = [[0.0] * rounds for _ in kids]
         for r in range(rounds):
             order = list(range(k))
@@ -192,22 +252,21 @@ def probe_processes(k: int, rounds: int) -> dict:
                 os.sched_setaffinity(kids[i].pid, {cpus[r % len(cpus)]})
                 kids[i].stdin.write("go\n")  # type: ignore[union-attr]
                 kids[i].stdin.flush()  # type: ignore[union-attr]
-                per[i][r] = float(kids[i].stdout.readline())  # type: ignore[union-attr]
+                per[i][r] = float(_read(kids[i], i))
     finally:
         for kid in kids:
             kid.kill()
             kid.wait()
-    # each process against the round's median over processes: the host's drift cancels
-    rel = [
-        [per[i][r] / statistics.median(p[r] for p in per) for r in range(rounds)] for i in range(k)
-    ]
-    procs = [summary(f"process {i}", rel[i])["median"] for i in range(k)]
+    # each process over the round's median over processes: the host's drift cancels
+    rel = [[p[r] / statistics.median(q[r] for q in per) for r in range(rounds)] for p in per]
+    procs = [round(statistics.median(x), 3) for x in rel]
     worst = max(range(k), key=lambda i: abs(procs[i] - 1))
-    return summary(f"process {worst} (farthest from 1) over the round's median", rel[worst],
-                   processes=procs)  # fmt: skip
+    name = f"process {worst} (farthest from 1) over the round's median"
+    return summary(name, rel[worst], processes=procs)
 
 
-def probe_inputs(rounds: int, batches: int = 400) -> dict:
+def _input_variants(batches: int) -> tuple[Callable, dict[str, Callable[[int], Any]]]:
+    """(train one micro-batch, {variant: i -> that variant's i-th micro-batch})."""
     from dflash.data.packing import PackedBatch
     from dflash.distributed.p2p import pack_meta, unpack_meta, wire_of
     from dflash.distributed.telemetry import COUNTERS
@@ -219,57 +278,68 @@ def probe_inputs(rounds: int, batches: int = 400) -> dict:
     data = [next(run.stream) for _ in range(batches)]
     feats = [run.target(b.input_ids, b.positions, b.doc_ids) for b in data]
     wire = wire_of(cfg, run)
-    ring = [wire.empty("cpu") for _ in range(3)]
+    ring = [wire.empty("cpu") for _ in range(3)]  # what p2p.Receiver cycles through
     acc = Accumulator(cfg.block_size, run.device)
+    n_fresh = batches - 33
 
-    def capacity(i: int):  # Stages: batches 3-32, every one as batch 0
-        j = 3 + i % 30
-        return FeatureBatch(0, data[j], feats[j], data[j].n_tokens)
-
-    def own_index(i: int):
-        j = 3 + i % 30
-        return FeatureBatch(j, data[j], feats[j], data[j].n_tokens)
-
-    def fresh(i: int):
-        g = 33 + i % (batches - 33)
-        return FeatureBatch(g, data[g], feats[g], data[g].n_tokens)
-
-    def through_wire(i: int):
-        g = 33 + i % (batches - 33)
+    def message(i: int):
+        g = 33 + i % n_fresh
         meta, f = wire.split(ring[i % len(ring)])
         pack_meta(data[g], g, [0] * len(COUNTERS), meta)
         f.copy_(feats[g])
         header, ids, mask, docs, pos = unpack_meta(meta, cfg.rows, cfg.seq_len)
         return FeatureBatch(g, PackedBatch(ids, mask, docs, pos, 0, 0), f, header[1])
 
-    variants = {"capacity": capacity, "own_index": own_index, "fresh": fresh,
-                "through_wire": through_wire}  # fmt: skip
+    def fixed(j: int, index: int):
+        return FeatureBatch(index, data[j], feats[j], data[j].n_tokens)
+
+    variants: dict[str, Callable[[int], Any]] = {
+        "capacity": lambda i: fixed(3 + i % 30, 0),  # Stages: batches 3-32, each as batch 0
+        "own_index": lambda i: fixed(3 + i % 30, 3 + i % 30),
+        "fresh": lambda i: fixed(33 + i % n_fresh, 33 + i % n_fresh),
+        "through_wire": message,
+    }
+    return lambda fb: train_step(run, 0, [fb], n_micro=1, acc=acc), variants
+
+
+def _nth(variant: Callable[[int], Any], start: int, i: int) -> Any:
+    return variant(start + i)  # each block takes micro-batches where the last one stopped
+
+
+@_affinity_kept()
+def probe_inputs(rounds: int, batches: int) -> dict:
+    cpus = _cpus()
+    train, variants = _input_variants(batches)
     made = dict.fromkeys(variants, 0)
     per: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(rounds):
+    for r in range(rounds):
+        os.sched_setaffinity(0, {cpus[r % len(cpus)]})
         order = list(variants)
         random.shuffle(order)
         for name in order:
-
-            def step(i: int, name=name) -> None:
-                train_step(run, 0, [variants[name](made[name] + i)], n_micro=1, acc=acc)
-
-            per[name].append(block(step))
-            made[name] += BLOCK + 2
+            per[name].append(block(train, prepare=partial(_nth, variants[name], made[name])))
+            made[name] += WARM + BLOCK
     over = {  # each variant over the capacity's batches, round by round
         name: summary(name, [a / b for a, b in zip(per[name], per["capacity"], strict=True)])
-        for name in variants if name != "capacity"
-    }  # fmt: skip
-    got = over.pop("through_wire")
-    return {**got, "probe": "through the wire over the capacity's batches",
-            "others": {k: {"median": v["median"], "ci95": v["ci95"]} for k, v in over.items()}}  # fmt: skip
+        for name in variants
+        if name != "capacity"
+    }
+    wire = over.pop("through_wire")
+    others = {k: {"median": v["median"], "ci95": v["ci95"]} for k, v in over.items()}
+    return {**wire, "probe": "through the wire over the capacity's batches", "others": others}
+
+
+def _exit_on(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="mode", required=True)
-    for name in ("cpus", "inputs"):
-        sub.add_parser(name).add_argument("--rounds", type=int, default=30)
+    sub.add_parser("cpus").add_argument("--rounds", type=int, default=30)
+    inputs = sub.add_parser("inputs")
+    inputs.add_argument("--rounds", type=int, default=40)
+    inputs.add_argument("--batches", type=int, default=400, help="batches built (>= 40)")
     beside = sub.add_parser("beside")
     beside.add_argument("neighbour", choices=["target", "busy", "waker"])
     beside.add_argument("--rounds", type=int, default=60)
@@ -278,11 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     procs.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args(argv)
     if args.rounds < 2:
-        parser.error(f"--rounds {args.rounds}: a ratio needs at least 2 rounds")
-    if args.mode != "inputs" and len(os.sched_getaffinity(0)) < 2:
-        parser.error(f"{args.mode}: needs 2 CPUs; this process may use 1")
+        parser.error(f"--rounds {args.rounds}: give at least 2 (6 or more for the interval)")
+    if args.mode in ("cpus", "beside") and len(_cpus()) < 2:
+        parser.error(f"{args.mode}: needs 2 CPUs and may use 1: run it under taskset -c 0,1")
     if args.mode == "processes" and args.k < 2:
         parser.error(f"processes {args.k}: compare at least 2 processes")
+    if args.mode == "inputs" and args.batches < 40:
+        parser.error(f"--batches {args.batches}: give at least 40 (33 are the fixed ones)")
+    # a plain `kill` ends this process through its `finally` blocks (children stopped)
+    signal.signal(signal.SIGTERM, _exit_on)
     torch.set_num_threads(1)
     if args.mode == "cpus":
         result = probe_cpus(args.rounds)
@@ -291,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "processes":
         result = probe_processes(args.k, args.rounds)
     else:
-        result = probe_inputs(args.rounds)
+        result = probe_inputs(args.rounds, args.batches)
     print(json.dumps(result))
     return 0
 

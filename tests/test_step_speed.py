@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,51 +24,127 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def test_a_block_counts_the_threads_cpu_time_not_its_sleep():
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_block_counts_the_threads_cpu_time_not_its_sleep_nor_its_preparation():
     # 20 ms asleep per step: a wall clock would read >= 20 ms, the thread's CPU next to none
-    assert bench.block(lambda i: time.sleep(0.02), n=5, warm=1) < 0.01
+    assert bench.block(lambda x: time.sleep(0.02), n=5) < 0.01
+
+    def spin(i: int) -> int:  # 20 ms of CPU, in `prepare`: not the step's
+        t = time.thread_time()
+        while time.thread_time() - t < 0.02:
+            pass
+        return i
+
+    assert bench.block(lambda x: None, n=5, prepare=spin) < 0.01
 
 
 def test_summary_gives_the_median_ratio_and_its_interval_from_six_rounds():
     few = bench.summary("x", [1.2, 0.9, 1.0])
     assert few["median"] == 1.0 and few["ci95"] is None and few["range"] == [0.9, 1.2]
+    assert few["rounds_more_than_10pct_apart"] == 1
     many = bench.summary("x", [0.9, 1.0, 1.1, 1.2, 0.95, 1.05, 1.0], extra=1)
     assert many["ci95"] is not None and many["ci95"][0] <= many["median"] <= many["ci95"][1]
     assert many["rounds"] == 7 and many["extra"] == 1
 
 
-def test_inputs_probe_times_every_variant_against_the_capacitys_batches():
-    proc = _run("inputs", "--rounds", "2")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.splitlines()[-1])
-    assert out["rounds"] == 2 and len(out["ratios"]) == 2 and out["median"] > 0
-    assert set(out["others"]) == {"own_index", "fresh"}
+@TWO_CPUS
+def test_cpus_sets_the_second_cpu_against_the_first_and_the_first_against_itself(monkeypatch):
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    monkeypatch.setattr(bench, "_stages_step", lambda st: None)
+    monkeypatch.setattr(bench, "_stages", lambda: None)
+    # a host whose second CPU is steadily 1.5x slower
+    speed = {cpus[0]: 0.010, cpus[1]: 0.015}
+    monkeypatch.setattr(bench, "block", lambda step: speed[next(iter(os.sched_getaffinity(0)))])
+    allowed = os.sched_getaffinity(0)
+    out = bench.probe_cpus(4)
+    assert out["ratios"] == [1.5] * 4 and out["control"]["median"] == 1.0
+    assert os.sched_getaffinity(0) == allowed  # given back
+    # which CPU goes first alternates by round
+    assert [b[0][0] for b in out["block_ms"]] == [cpus[0], cpus[1], cpus[0], cpus[1]]
+
+
+@TWO_CPUS
+@pytest.mark.parametrize("kind", ["busy", "waker"])
+def test_beside_runs_the_neighbour_only_in_its_blocks_and_where_it_should(monkeypatch, kind):
+    monkeypatch.setattr(bench, "_stages_step", lambda st: None)
+    monkeypatch.setattr(bench, "_stages", lambda: None)
+    started: list[subprocess.Popen] = []
+    real = bench._neighbour
+    monkeypatch.setattr(bench, "_neighbour", lambda k: started.append(real(k)) or started[0])
+    seen = []
+
+    def block(step) -> float:
+        nb = started[0].pid
+        time.sleep(0.2)  # a signal's effect on the state /proc shows is not instant
+        mine, theirs = os.sched_getaffinity(0), os.sched_getaffinity(nb)
+        running = _state(nb) != "T"
+        seen.append((running, mine, theirs))
+        return 0.02 if running else 0.01  # twice as slow beside it
+
+    monkeypatch.setattr(bench, "block", block)
+    out = bench.probe_beside(kind, 4)
+    assert out["ratios"] == [2.0] * 4  # neighbour's blocks over idle ones
+    assert sum(r for r, _, _ in seen) == 4 and len(seen) == 8
+    for _, mine, theirs in seen:
+        assert len(mine) == 1 and (theirs == mine) == (kind == "waker"), seen
+    assert started[0].poll() is not None  # killed at the end
+
+
+@TWO_CPUS
+def test_a_killed_probe_takes_its_busy_neighbour_with_it():
+    proc = subprocess.Popen(
+        [sys.executable, "bench/step_speed.py", "beside", "busy", "--rounds", "1000"], cwd=ROOT
+    )
+    deadline, kids = time.monotonic() + 120, []
+    while not kids:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if (
+                    int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                    == proc.pid
+                ):
+                    kids.append(int(pid))
+            except (OSError, ValueError):
+                continue
+    proc.send_signal(signal.SIGKILL)  # no cleanup of its own can run
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{k}").exists() and _state(k) != "Z" for k in kids):
+        assert time.monotonic() < deadline, f"neighbour {kids} outlived the probe"
+        time.sleep(0.1)
 
 
 @TWO_CPUS
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (("cpus",), "CPU 1 over CPU 0"),
-        (("beside", "busy"), "beside a busy neighbour on the other CPU"),
-        (("beside", "waker"), "beside a waker neighbour on the same CPU"),
+        (("inputs", "--batches", "40"), "through the wire over the capacity's batches"),
         (("processes", "2"), "over the round's median"),
+        (("beside", "target"), "beside a target neighbour on the other CPU"),
     ],
 )
-def test_two_cpu_probes_print_their_ratio_per_round(args, words):
+def test_probes_run_end_to_end_and_print_a_ratio_per_round(args, words):
     proc = _run(*args, "--rounds", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     assert words in out["probe"] and len(out["ratios"]) == 2 and all(r > 0 for r in out["ratios"])
     if args[0] == "processes":
         assert len(out["processes"]) == 2
+    if args[0] == "inputs":
+        assert set(out["others"]) == {"own_index", "fresh"}
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("cpus", "--rounds", "1"), "--rounds 1: a ratio needs at least 2 rounds"),
+        (("cpus", "--rounds", "1"), "--rounds 1: give at least 2 (6 or more for the interval)"),
         (("processes", "1"), "processes 1: compare at least 2 processes"),
+        (("inputs", "--batches", "39"), "--batches 39: give at least 40"),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line(args, message):

@@ -25,6 +25,7 @@ import torch
 from dflash.components import resolve_device
 from dflash.config import TrainConfig
 from dflash.distributed.launch import torchrun_command, worker_env
+from dflash.distributed.roles import Layout
 from dflash.run import build_run
 from dflash.step import Accumulator, FeatureBatch, train_step
 
@@ -83,15 +84,17 @@ class Stages:
 
 def rank_cpus(cfg: TrainConfig) -> dict[str, int] | None:
     """With --pin-cpus, the CPUs that drafter 0 and target 0 of a one-node job run their
-    steps on (distributed/pipeline.py::_pin: local rank i on the i-th allowed CPU; drafters
-    come first, roles.Layout), so that each stage alone is timed on its rank's CPU: on a VM
-    the virtual CPUs run at different speeds from one moment to the next (docs/bench.md,
-    "Where the quiet 6% is not"), and a capacity timed on the other one would set the
-    stage against another CPU's speed. None when the ranks are not pinned."""
+    steps on (distributed/pipeline.py::_pin: local rank i on the i-th allowed CPU), so that
+    each stage alone is timed on the CPU its rank runs on, not on whichever CPU this
+    process is given (docs/bench.md, "Pinned ranks' stages are timed alone on their ranks'
+    CPUs"). None when the ranks are not pinned."""
+    if not (cfg.pin_cpus and cfg.targets and cfg.drafters):
+        return None
     cpus = sorted(os.sched_getaffinity(0))
-    if not cfg.pin_cpus or len(cpus) < cfg.targets + cfg.drafters:
+    if len(cpus) < cfg.targets + cfg.drafters:
         return None  # too few CPUs: the ranks refuse to start (pipeline._pin says why)
-    return {"drafter": cpus[0], "target": cpus[cfg.drafters]}
+    layout = Layout(cfg.targets, cfg.drafters, cfg.grad_accum)  # one node: rank = local rank
+    return {"drafter": cpus[layout.drafter_rank(0)], "target": cpus[layout.target_rank(0)]}
 
 
 @contextlib.contextmanager
