@@ -40,7 +40,6 @@ signal), so no busy neighbour outlives a killed probe.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import json
 import math
@@ -58,6 +57,7 @@ from typing import Any
 
 import torch
 
+from dflash.bench.capacity import on_cpu
 from dflash.bench.stats import median_interval
 
 BLOCK = 20  # timed steps per block: ~0.3-0.5 s of the tiny preset on this class of host
@@ -105,16 +105,6 @@ def _cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0))[:2]
 
 
-@contextlib.contextmanager
-def _affinity_kept():
-    """The probes pin this process block by block; give its CPUs back after."""
-    allowed = os.sched_getaffinity(0)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, allowed)
-
-
 def summary(name: str, ratios: list[float], **extra) -> dict:
     ci = median_interval(ratios)
     return {
@@ -138,7 +128,6 @@ def _child(cmd: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen(cmd, preexec_fn=die_with_parent, **kw)
 
 
-@_affinity_kept()
 def probe_cpus(rounds: int) -> dict:
     cpus = _cpus()
     step = _stages_step(_stages())
@@ -147,8 +136,8 @@ def probe_cpus(rounds: int) -> dict:
         a, b = cpus if r % 2 == 0 else cpus[::-1]
         got = []
         for cpu in (a, b, a):
-            os.sched_setaffinity(0, {cpu})
-            got.append(block(step))
+            with on_cpu(cpu):
+                got.append(block(step))
         blocks.append([[cpu, round(t * 1e3, 2)] for cpu, t in zip((a, b, a), got, strict=True)])
         ratio = got[1] / math.sqrt(got[0] * got[2])
         across.append(ratio if b == cpus[1] else 1 / ratio)
@@ -194,7 +183,6 @@ def _target_loop() -> None:
             target(b.input_ids, b.positions, b.doc_ids)
 
 
-@_affinity_kept()
 def probe_beside(kind: str, rounds: int) -> dict:
     cpus = _cpus()
     nb = _neighbour(kind)
@@ -204,12 +192,12 @@ def probe_beside(kind: str, rounds: int) -> dict:
         ratios = []
         for r in range(rounds):
             mine, other = cpus if (r // 2) % 2 == 0 else cpus[::-1]
-            os.sched_setaffinity(0, {mine})
             os.sched_setaffinity(nb.pid, {mine if kind == "waker" else other})
             got = {}
             for state in ("idle", "busy") if r % 2 == 0 else ("busy", "idle"):
                 os.kill(nb.pid, signal.SIGCONT if state == "busy" else signal.SIGSTOP)
-                got[state] = block(step)
+                with on_cpu(mine):
+                    got[state] = block(step)
             os.kill(nb.pid, signal.SIGSTOP)
             ratios.append(got["busy"] / got["idle"])  # > 1: slower beside the neighbour
     finally:
@@ -306,18 +294,17 @@ def _nth(variant: Callable[[int], Any], start: int, i: int) -> Any:
     return variant(start + i)  # each block takes micro-batches where the last one stopped
 
 
-@_affinity_kept()
 def probe_inputs(rounds: int, batches: int) -> dict:
     cpus = _cpus()
     train, variants = _input_variants(batches)
     made = dict.fromkeys(variants, 0)
     per: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(rounds):
-        os.sched_setaffinity(0, {cpus[r % len(cpus)]})
         order = list(variants)
         random.shuffle(order)
         for name in order:
-            per[name].append(block(train, prepare=partial(_nth, variants[name], made[name])))
+            with on_cpu(cpus[r % len(cpus)]):
+                per[name].append(block(train, prepare=partial(_nth, variants[name], made[name])))
             made[name] += WARM + BLOCK
     over = {  # each variant over the capacity's batches, round by round
         name: summary(name, [a / b for a, b in zip(per[name], per["capacity"], strict=True)])

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from scripts import load_script
 
+from dflash.bench.interleaved import process_state
+
 ROOT = Path(__file__).resolve().parents[1]
 bench = load_script(ROOT / "bench/step_speed.py", "dflash_step_speed")
 TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
@@ -22,10 +24,6 @@ TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 
 def _run(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "bench/step_speed.py", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-
-
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def test_a_block_counts_the_threads_cpu_time_not_its_sleep_nor_its_preparation():
@@ -80,7 +78,7 @@ def test_beside_runs_the_neighbour_only_in_its_blocks_and_where_it_should(monkey
         nb = started[0].pid
         time.sleep(0.2)  # a signal's effect on the state /proc shows is not instant
         mine, theirs = os.sched_getaffinity(0), os.sched_getaffinity(nb)
-        running = _state(nb) != "T"
+        running = process_state(nb) != "T"
         seen.append((running, mine, theirs))
         return 0.02 if running else 0.01  # twice as slow beside it
 
@@ -114,7 +112,7 @@ def test_a_killed_probe_takes_its_busy_neighbour_with_it():
     proc.send_signal(signal.SIGKILL)  # no cleanup of its own can run
     proc.wait()
     deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{k}").exists() and _state(k) != "Z" for k in kids):
+    while any(Path(f"/proc/{k}").exists() and process_state(k) != "Z" for k in kids):
         assert time.monotonic() < deadline, f"neighbour {kids} outlived the probe"
         time.sleep(0.1)
 
