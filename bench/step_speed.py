@@ -30,8 +30,9 @@ the interval from 6 rounds on). A ratio above 1 means the step took more CPU tim
   batch 0) against what a pipeline drafter trains on: each batch's own index (its own
   anchors), fresh batches from the stream, and fresh batches read as views of a message
   buffer in dflash/distributed/p2p.py's layout (packed untimed just before each step on
-  the same CPU; in a pipeline gloo's thread writes it, maybe from the other CPU). Pinned
-  to one CPU per round, alternating.
+  the same CPU) and, with 2 CPUs, that message packed on the other CPU, as gloo's thread
+  there leaves it under --pin-cpus (over the same-CPU one). Pinned to one CPU per round,
+  alternating.
 
 Every child process is killed when this one dies, however it dies (Linux's parent-death
 signal), so no busy neighbour outlives a killed probe.
@@ -294,26 +295,43 @@ def _nth(variant: Callable[[int], Any], start: int, i: int) -> Any:
     return variant(start + i)  # each block takes micro-batches where the last one stopped
 
 
+def _made_on(cpu: int, make: Callable[[int], Any], i: int) -> Any:
+    with on_cpu(cpu):
+        return make(i)
+
+
 def probe_inputs(rounds: int, batches: int) -> dict:
     cpus = _cpus()
     train, variants = _input_variants(batches)
+    if len(cpus) > 1:  # the message as gloo's thread on the other CPU would leave it
+        variants["wire_other_cpu"] = variants["through_wire"]
     made = dict.fromkeys(variants, 0)
     per: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(rounds):
         order = list(variants)
         random.shuffle(order)
+        mine, other = cpus[r % len(cpus)], cpus[(r + 1) % len(cpus)]
         for name in order:
-            with on_cpu(cpus[r % len(cpus)]):
-                per[name].append(block(train, prepare=partial(_nth, variants[name], made[name])))
+            prepare = partial(_nth, variants[name], made[name])
+            if name == "wire_other_cpu":
+                prepare = partial(_made_on, other, prepare)
+            with on_cpu(mine):
+                per[name].append(block(train, prepare=prepare))
             made[name] += WARM + BLOCK
-    over = {  # each variant over the capacity's batches, round by round
-        name: summary(name, [a / b for a, b in zip(per[name], per["capacity"], strict=True)])
-        for name in variants
-        if name != "capacity"
+
+    def over(a: str, b: str) -> list[float]:  # round by round
+        return [x / y for x, y in zip(per[a], per[b], strict=True)]
+
+    keep = ("median", "ci95")
+    others = {
+        name: {k: summary(name, over(name, "capacity"))[k] for k in keep}
+        for name in ("own_index", "fresh")
     }
-    wire = over.pop("through_wire")
-    others = {k: {"median": v["median"], "ci95": v["ci95"]} for k, v in over.items()}
-    return {**wire, "probe": "through the wire over the capacity's batches", "others": others}
+    if "wire_other_cpu" in per:
+        s = summary("", over("wire_other_cpu", "through_wire"))
+        others["wire_other_cpu_over_own_cpu"] = {k: s[k] for k in (*keep, "range")}
+    wire = summary("through the wire over the capacity's batches", over("through_wire", "capacity"))
+    return {**wire, "others": others}
 
 
 def _exit_on(signum: int, frame) -> None:

@@ -81,11 +81,13 @@ class MetricsLogger:
         return self.wandb.id if self.wandb is not None else None
 
     def log(self, rec: dict[str, Any]) -> str:
-        rec = {**rec, **self.extra}
+        # `time`: the wall clock at writing (Unix seconds), to line a record up with what
+        # else happened on the host; wandb keeps its own timestamp.
+        rec = {**rec, **self.extra, "time": round(time.time(), 3)}
         self.file.write(json.dumps(rec) + "\n")
         self.file.flush()
         if self.wandb is not None:
-            flat = {k: v for k, v in rec.items() if isinstance(v, int | float)}
+            flat = {k: v for k, v in rec.items() if isinstance(v, int | float) and k != "time"}
             for k, a in enumerate(rec.get("acc_per_slot", []), start=1):
                 flat[f"acc_slot/{k}"] = a
             self.wandb.log(flat, step=rec["step"])

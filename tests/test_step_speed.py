@@ -134,7 +134,7 @@ def test_probes_run_end_to_end_and_print_a_ratio_per_round(args, words):
     if args[0] == "processes":
         assert len(out["processes"]) == 2
     if args[0] == "inputs":
-        assert set(out["others"]) == {"own_index", "fresh"}
+        assert set(out["others"]) == {"own_index", "fresh", "wire_other_cpu_over_own_cpu"}
 
 
 @pytest.mark.parametrize(

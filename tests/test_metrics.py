@@ -1,0 +1,46 @@
+"""RUN/metrics.jsonl as MetricsLogger writes it: every record carries the wall clock at
+writing, and a resume drops the records past its checkpoint."""
+
+import json
+import time
+
+from dflash.metrics import MetricsLogger
+
+
+def _rec(step: int) -> dict:
+    return {"step": step, "loss": 1.0, "acc": 0.5, "acc_per_slot": [0.5], "lr": 1e-3,
+            "grad_norm": 1.0, "tok_per_s": 100.0}  # fmt: skip
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_each_record_has_the_wall_clock_at_writing(tmp_path):
+    log = MetricsLogger(tmp_path, config={}, wandb_mode="off", extra={"dirty_env": False})
+    before = time.time()
+    log.log(_rec(1))
+    time.sleep(0.05)
+    log.log(_rec(2))
+    after = time.time()
+    log.close()
+    recs = _lines(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in recs] == [1, 2]
+    assert all(before - 0.001 <= r["time"] <= after + 0.001 for r in recs)
+    assert recs[1]["time"] - recs[0]["time"] >= 0.04  # written 50 ms apart
+    assert recs[0]["dirty_env"] is False
+
+
+def test_a_resume_keeps_the_records_up_to_its_step_with_their_times(tmp_path):
+    log = MetricsLogger(tmp_path, config={}, wandb_mode="off")
+    for s in (1, 2, 3):
+        log.log(_rec(s))
+    log.close()
+    kept = _lines(tmp_path / "metrics.jsonl")[:2]
+    log = MetricsLogger(tmp_path, config={}, wandb_mode="off", resume_step=2)
+    log.log(_rec(3))
+    log.close()
+    recs = _lines(tmp_path / "metrics.jsonl")
+    assert recs[:2] == kept
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert recs[2]["time"] >= kept[1]["time"]
