@@ -118,6 +118,34 @@ def test_a_killed_probe_takes_its_busy_neighbour_with_it():
 
 
 @TWO_CPUS
+def test_inputs_packs_one_message_on_the_other_cpu_and_steps_on_its_own(monkeypatch):
+    cpus = set(sorted(os.sched_getaffinity(0))[:2])
+    seen = []  # (variant, CPUs at packing, CPUs at the step)
+
+    def variant(name: str):
+        return lambda i: (name, frozenset(os.sched_getaffinity(0)))
+
+    def train(x) -> None:  # 3 ms of CPU for a message packed elsewhere, 2 ms otherwise
+        here = frozenset(os.sched_getaffinity(0))
+        seen.append((*x, here))
+        t = time.thread_time()
+        while time.thread_time() - t < (0.003 if x[1] != here else 0.002):
+            pass
+
+    names = ("capacity", "own_index", "fresh", "through_wire")
+    monkeypatch.setattr(bench, "_input_variants", lambda n: (train, {k: variant(k) for k in names}))
+    allowed = os.sched_getaffinity(0)
+    out = bench.probe_inputs(2, 40)
+    elsewhere = [(name, p | s) for name, p, s in seen if p != s]
+    per_round = bench.WARM + bench.BLOCK
+    assert len(elsewhere) == 2 * per_round and all(len(s) == 1 for *_, s in seen)
+    assert all(name == "through_wire" and both == cpus for name, both in elsewhere)
+    assert {s for *_, s in seen[: 5 * per_round]} != {s for *_, s in seen[5 * per_round :]}
+    assert 1.3 < out["others"]["wire_other_cpu_over_own_cpu"]["median"] < 1.7
+    assert os.sched_getaffinity(0) == allowed  # given back
+
+
+@TWO_CPUS
 @pytest.mark.parametrize(
     ("args", "words"),
     [
