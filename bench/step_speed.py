@@ -31,8 +31,8 @@ the interval from 6 rounds on). A ratio above 1 means the step took more CPU tim
   anchors), fresh batches from the stream, and fresh batches read as views of a message
   buffer in dflash/distributed/p2p.py's layout (packed untimed just before each step on
   the same CPU) and, with 2 CPUs, that message packed on the other CPU, as gloo's thread
-  there leaves it under --pin-cpus (over the same-CPU one). Pinned to one CPU per round,
-  alternating.
+  there leaves it under --pin-cpus, and read on the step's (over the same-CPU one).
+  Pinned to one CPU per round, alternating.
 
 Every child process is killed when this one dies, however it dies (Linux's parent-death
 signal), so no busy neighbour outlives a killed probe.
@@ -254,7 +254,7 @@ def probe_processes(k: int, rounds: int) -> dict:
     return summary(name, rel[worst], processes=procs)
 
 
-def _input_variants(batches: int) -> tuple[Callable, dict[str, Callable[[int], Any]]]:
+def _input_variants(batches: int) -> tuple[Callable, dict[str, Callable[..., Any]]]:
     """(train one micro-batch, {variant: i -> that variant's i-th micro-batch})."""
     from dflash.data.packing import PackedBatch
     from dflash.distributed.p2p import pack_meta, unpack_meta, wire_of
@@ -271,18 +271,21 @@ def _input_variants(batches: int) -> tuple[Callable, dict[str, Callable[[int], A
     acc = Accumulator(cfg.block_size, run.device)
     n_fresh = batches - 33
 
-    def message(i: int):
+    def message(i: int, pack_on: int | None = None):
+        """Fresh batch i through the ring: packed (on CPU `pack_on`, where gloo's thread
+        would write it), then read on this thread's CPU, as a drafter's main thread does."""
         g = 33 + i % n_fresh
         meta, f = wire.split(ring[i % len(ring)])
-        pack_meta(data[g], g, [0] * len(COUNTERS), meta)
-        f.copy_(feats[g])
+        with on_cpu(pack_on):
+            pack_meta(data[g], g, [0] * len(COUNTERS), meta)
+            f.copy_(feats[g])
         header, ids, mask, docs, pos = unpack_meta(meta, cfg.rows, cfg.seq_len)
         return FeatureBatch(g, PackedBatch(ids, mask, docs, pos, 0, 0), f, header[1])
 
     def fixed(j: int, index: int):
         return FeatureBatch(index, data[j], feats[j], data[j].n_tokens)
 
-    variants: dict[str, Callable[[int], Any]] = {
+    variants: dict[str, Callable[..., Any]] = {
         "capacity": lambda i: fixed(3 + i % 30, 0),  # Stages: batches 3-32, each as batch 0
         "own_index": lambda i: fixed(3 + i % 30, 3 + i % 30),
         "fresh": lambda i: fixed(33 + i % n_fresh, 33 + i % n_fresh),
@@ -295,16 +298,11 @@ def _nth(variant: Callable[[int], Any], start: int, i: int) -> Any:
     return variant(start + i)  # each block takes micro-batches where the last one stopped
 
 
-def _made_on(cpu: int, make: Callable[[int], Any], i: int) -> Any:
-    with on_cpu(cpu):
-        return make(i)
-
-
 def probe_inputs(rounds: int, batches: int) -> dict:
     cpus = _cpus()
     train, variants = _input_variants(batches)
     if len(cpus) > 1:  # the message as gloo's thread on the other CPU would leave it
-        variants["wire_other_cpu"] = variants["through_wire"]
+        variants["wire_other_cpu"] = variants["through_wire"]  # given pack_on below
     made = dict.fromkeys(variants, 0)
     per: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(rounds):
@@ -312,11 +310,11 @@ def probe_inputs(rounds: int, batches: int) -> dict:
         random.shuffle(order)
         mine, other = cpus[r % len(cpus)], cpus[(r + 1) % len(cpus)]
         for name in order:
-            prepare = partial(_nth, variants[name], made[name])
+            make = variants[name]
             if name == "wire_other_cpu":
-                prepare = partial(_made_on, other, prepare)
+                make = partial(make, pack_on=other)
             with on_cpu(mine):
-                per[name].append(block(train, prepare=prepare))
+                per[name].append(block(train, prepare=partial(_nth, make, made[name])))
             made[name] += WARM + BLOCK
 
     def over(a: str, b: str) -> list[float]:  # round by round

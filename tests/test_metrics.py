@@ -44,3 +44,24 @@ def test_a_resume_keeps_the_records_up_to_its_step_with_their_times(tmp_path):
     assert recs[:2] == kept
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert recs[2]["time"] >= kept[1]["time"]
+
+
+def test_wandb_gets_the_metrics_but_not_the_time(tmp_path):
+    class Run:  # what MetricsLogger calls on a wandb run
+        def __init__(self) -> None:
+            self.logged: list[tuple[dict, int]] = []
+
+        def log(self, flat: dict, step: int) -> None:
+            self.logged.append((flat, step))
+
+        def finish(self) -> None:
+            pass
+
+    log = MetricsLogger(tmp_path, config={}, wandb_mode="off", extra={"dirty_env": False})
+    log.wandb = Run()  # type: ignore[assignment]
+    log.log(_rec(1))
+    flat, step = log.wandb.logged[0]
+    log.close()
+    assert step == 1 and "time" not in flat
+    assert flat["loss"] == 1.0 and flat["dirty_env"] is False and flat["acc_slot/1"] == 0.5
+    assert "time" in _lines(tmp_path / "metrics.jsonl")[0]

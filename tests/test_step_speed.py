@@ -123,7 +123,12 @@ def test_inputs_packs_one_message_on_the_other_cpu_and_steps_on_its_own(monkeypa
     seen = []  # (variant, CPUs at packing, CPUs at the step)
 
     def variant(name: str):
-        return lambda i: (name, frozenset(os.sched_getaffinity(0)))
+        def make(i: int, pack_on: int | None = None):
+            with bench.on_cpu(pack_on):
+                packed = frozenset(os.sched_getaffinity(0))
+            return name, packed
+
+        return make
 
     def train(x) -> None:  # 3 ms of CPU for a message packed elsewhere, 2 ms otherwise
         here = frozenset(os.sched_getaffinity(0))
@@ -136,6 +141,7 @@ def test_inputs_packs_one_message_on_the_other_cpu_and_steps_on_its_own(monkeypa
     monkeypatch.setattr(bench, "_input_variants", lambda n: (train, {k: variant(k) for k in names}))
     allowed = os.sched_getaffinity(0)
     out = bench.probe_inputs(2, 40)
+    assert len(seen) == 2 * 5 * (bench.WARM + bench.BLOCK)  # 5 variants a round
     elsewhere = [(name, p | s) for name, p, s in seen if p != s]
     per_round = bench.WARM + bench.BLOCK
     assert len(elsewhere) == 2 * per_round and all(len(s) == 1 for *_, s in seen)
@@ -143,6 +149,23 @@ def test_inputs_packs_one_message_on_the_other_cpu_and_steps_on_its_own(monkeypa
     assert {s for *_, s in seen[: 5 * per_round]} != {s for *_, s in seen[5 * per_round :]}
     assert 1.3 < out["others"]["wire_other_cpu_over_own_cpu"]["median"] < 1.7
     assert os.sched_getaffinity(0) == allowed  # given back
+
+
+def test_inputs_on_one_cpu_has_no_other_cpu_to_pack_on(monkeypatch):
+    one = sorted(os.sched_getaffinity(0))[0]
+    monkeypatch.setattr(bench, "_cpus", lambda: [one])
+    packed_on = []
+
+    def make(i: int, pack_on: int | None = None) -> int:
+        packed_on.append(pack_on)
+        return i
+
+    names = ("capacity", "own_index", "fresh", "through_wire")
+    monkeypatch.setattr(
+        bench, "_input_variants", lambda n: (lambda x: None, dict.fromkeys(names, make))
+    )
+    out = bench.probe_inputs(2, 40)
+    assert set(out["others"]) == {"own_index", "fresh"} and set(packed_on) == {None}
 
 
 @TWO_CPUS
