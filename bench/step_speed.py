@@ -59,6 +59,7 @@ from typing import Any
 import torch
 
 from dflash.bench.capacity import on_cpu
+from dflash.bench.envs import exit_on_signal
 from dflash.bench.stats import median_interval
 
 BLOCK = 20  # timed steps per block: ~0.3-0.5 s of the tiny preset on this class of host
@@ -332,10 +333,6 @@ def probe_inputs(rounds: int, batches: int) -> dict:
     return {**wire, "others": others}
 
 
-def _exit_on(signum: int, frame) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -359,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "inputs" and args.batches < 40:
         parser.error(f"--batches {args.batches}: give at least 40 (33 are the fixed ones)")
     # a plain `kill` ends this process through its `finally` blocks (children stopped)
-    signal.signal(signal.SIGTERM, _exit_on)
+    signal.signal(signal.SIGTERM, exit_on_signal)
     torch.set_num_threads(1)
     if args.mode == "cpus":
         result = probe_cpus(args.rounds)

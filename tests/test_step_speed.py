@@ -15,6 +15,7 @@ import pytest
 from scripts import load_script
 
 from dflash.bench.interleaved import process_state
+from dflash.distributed.launch import child_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 bench = load_script(ROOT / "bench/step_speed.py", "dflash_step_speed")
@@ -100,15 +101,7 @@ def test_a_killed_probe_takes_its_busy_neighbour_with_it():
     while not kids:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.2)
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if (
-                    int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                    == proc.pid
-                ):
-                    kids.append(int(pid))
-            except (OSError, ValueError):
-                continue
+        kids = child_pids(proc.pid)
     proc.send_signal(signal.SIGKILL)  # no cleanup of its own can run
     proc.wait()
     deadline = time.monotonic() + 10

@@ -314,18 +314,14 @@ def check_args(args: argparse.Namespace) -> None:
         raise BenchInputError(f"--store {store}: not a directory")
 
 
-def _terminate(signum, frame) -> None:
-    # SIGTERM (`docker stop`, a CI timeout) as an exception, so the repeat in flight is
-    # killed with us (envs.run_worker) instead of running on as an orphan.
-    raise SystemExit(128 + signum)
-
-
 def run(args: argparse.Namespace) -> int:
     import signal
 
+    from dflash.bench.envs import exit_on_signal
     from dflash.bench.runner import RepeatFailed
 
-    signal.signal(signal.SIGTERM, _terminate)
+    # the repeat in flight is killed with us (envs.run_worker), not left running
+    signal.signal(signal.SIGTERM, exit_on_signal)
     try:
         check_args(args)
         if args.action == "run":

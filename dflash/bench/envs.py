@@ -27,6 +27,14 @@ SPAWN_TIME_ENV = "DFLASH_BENCH_SPAWN_T"  # wall time at spawn: the worker's star
 BARRIER_ENV = "DFLASH_BENCH_RENDEZVOUS"
 
 
+def exit_on_signal(signum: int, frame) -> None:
+    """A signal handler (SIGTERM: `docker stop`, a CI timeout, a plain `kill`) that raises
+    SystemExit(128 + signum), so the `finally` blocks run and end the children they own
+    (run_worker's repeat, frozen ranks resumed, a probe's neighbours) instead of leaving
+    them running on as orphans."""
+    raise SystemExit(128 + signum)
+
+
 @dataclass(frozen=True)
 class BenchEnv:
     python: Path  # the environment's interpreter (BIN/python)

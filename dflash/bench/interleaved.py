@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash.bench.capacity import Stages, check_split, figures, geo_mean, pipe_means
+from dflash.bench.envs import exit_on_signal
 from dflash.components import resolve_device
 from dflash.config import TrainConfig
 from dflash.distributed.launch import torchrun_command, worker_env, worker_pids
@@ -75,10 +76,6 @@ def _freeze(pids: list[int], timeout: float = 5.0) -> bool:
     return True
 
 
-def _exit_on(signum: int, frame) -> None:
-    raise SystemExit(128 + signum)
-
-
 def _resume(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -114,7 +111,7 @@ def measure_interleaved(
     resumed = (0.0, 0.0)  # (time, tenants' CPU-seconds) at the last resume
     # A plain `kill` of the bench must still run the `finally` below, or the ranks stay
     # stopped for good (no timeout fires when every rank is stopped).
-    old_term = signal.signal(signal.SIGTERM, _exit_on)
+    old_term = signal.signal(signal.SIGTERM, exit_on_signal)
     try:
         while True:
             try:

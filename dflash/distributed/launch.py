@@ -75,17 +75,27 @@ def worker_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
+def child_pids(parent: int) -> list[int]:
+    """The pids of the running processes whose parent is `parent`, read from /proc (Linux)."""
+    found = []
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:  # field 4: ppid
+                found.append(pid)
+        except (OSError, IndexError, ValueError):  # gone, or not ours to read
+            continue
+    return found
+
+
 def worker_pids(torchrun_pid: int) -> dict[int, int]:
     """{global RANK: pid} of the worker processes a running torchrun has started, read
     from /proc (Linux): for tests and benchmarks that watch the ranks of a job."""
     found = {}
-    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+    for pid in child_pids(torchrun_pid):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) != torchrun_pid:  # field 4: ppid
-                continue
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):  # gone, or not ours to read
+        except OSError:  # gone, or not ours to read
             continue
         for kv in env:
             if kv.startswith(b"RANK="):
