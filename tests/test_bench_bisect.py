@@ -44,6 +44,24 @@ def test_bounds():
     assert ddmin_bound(8) == 89 and single_cause_count(8) == 7 and single_cause_count(1) == 1
 
 
+def test_inconclusive_rounds_get_a_second_one():
+    from dflash.bench.bisect import inconclusive
+    from dflash.bench.paired import paired_verdict
+
+    def verdict(ratios):
+        return paired_verdict(ratios, [1.0] * len(ratios), 0.05, 0.07)
+
+    # CI, 2026-12-07: the slow package alone, three pairs near 1 and two slow.
+    burst = verdict([0.774, 0.980, 1.051, 0.99, 0.80])
+    assert burst.verdict == "pass" and burst.ratio > 0.93 and inconclusive(burst, 0.07)
+    # One noisy pair in five: slower beyond the effect, not significant.
+    assert inconclusive(verdict([0.79, 0.80, 0.78, 1.004, 0.81]), 0.07)
+    # A quiet harmless subset is settled in one round; a regression is never retried.
+    assert not inconclusive(verdict([1.006, 0.99, 1.02, 0.97, 1.01]), 0.07)
+    slow = verdict([0.79, 0.80, 0.78, 0.77, 0.81])
+    assert slow.verdict == "regression" and not inconclusive(slow, 0.07)
+
+
 def uv(*args: str) -> None:
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     env.pop("VIRTUAL_ENV", None)
@@ -134,6 +152,7 @@ def test_bisect_names_the_one_slow_package(root, inert):  # noqa: F811
         capture_output=True, text=True, timeout=3600,
     )  # fmt: skip
     out = proc.stdout
+    print(out)  # the measurements, with -s
     n = inert + 1
     assert proc.returncode == 1, out + proc.stderr[-3000:]
     assert f"{n} differences" in out and f"at most {ddmin_bound(n)} paired measurements" in out
