@@ -51,7 +51,7 @@ def test_inconclusive_rounds_get_a_second_one():
     def verdict(ratios):
         return paired_verdict(ratios, [1.0] * len(ratios), 0.05, 0.07)
 
-    # CI, 2026-12-07: the slow package alone, three pairs near 1 and two slow.
+    # Like CI's 2026-12-07 round of the slow package alone: 0.980x [0.774, 1.051].
     burst = verdict([0.774, 0.980, 1.051, 0.99, 0.80])
     assert burst.verdict == "pass" and burst.ratio > 0.93 and inconclusive(burst, 0.07)
     # One noisy pair in five: slower beyond the effect, not significant.

@@ -17,9 +17,8 @@ p(slower) < alpha and ratio < 1 - min effect), the same rule as `dflash bench ru
 A round that passes but cannot rule out the minimum effect (its interval reaches
 below 1 - min effect: with 5 pairs the exact test needs all five slower, and the
 interval is the pairs' range) gets a second round of pairs, and the verdict is taken
-on both (`inconclusive`): measured, one noisy pair, or a burst of host load over
-three of five, otherwise made the culprit alone look harmless and left a non-minimal
-answer.
+on both (`inconclusive`): measured, one noisy pair, or host load over three of
+five, otherwise made the culprit alone look harmless and left a non-minimal answer.
 Every measurement is kept and printed with its ratio and interval; a subset is never
 measured twice; Ctrl-C prints the smallest reproducing set found so far.
 """
@@ -202,8 +201,8 @@ def bench_env(python: Path, label: str, variables: dict[str, str], origin: str):
 def inconclusive(pr: PairedResult, min_effect: float) -> bool:
     """A pass that does not rule out a slowdown of the minimum effect: its interval
     reaches below 1 - min_effect. Seen in CI (2026-12-07): the slow package alone read
-    0.980x [0.774, 1.051] over 5 pairs (three near 1, two slow) and was taken as
-    harmless, so the answer was it and an inert package."""
+    0.980x [0.774, 1.051] over 5 pairs (the median pair near 1, the slowest at 0.774)
+    and was taken as harmless, so the answer was it and an inert package."""
     return pr.verdict == "pass" and pr.ci[0] < 1.0 - min_effect
 
 
