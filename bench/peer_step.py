@@ -19,8 +19,8 @@ then speculators first, ...), so drift of the shared machine's load hits both si
 A repeat's sample is the median CPU time of its steady steps (single-threaded, so the
 CPU clock does not count time the process spent descheduled). The ratio is
 ours / speculators per pair; its median and the binomial order-statistic interval of the
-median of the paired log ratios come from dflash.bench.paired.median_interval. The last
-line printed is the ratio.
+median of the paired log ratios come from dflash.bench.stats.median_interval_achieved.
+The last line printed is the ratio.
 """
 
 from __future__ import annotations
@@ -281,12 +281,12 @@ def summarise(pairs: list[tuple[dict, dict]], key: str) -> dict:
     """Ratio ours / theirs of per-repeat medians of `key`, with the median's interval."""
     from scipy import stats
 
-    from dflash.bench.paired import median_interval
+    from dflash.bench.stats import median_interval_achieved
 
     ours = [step_median(o, key) for o, _ in pairs]
     theirs = [step_median(t, key) for _, t in pairs]
     logs = [math.log(a / b) for a, b in zip(ours, theirs, strict=True)]
-    lo, hi, achieved = median_interval(logs, CONFIDENCE)
+    lo, hi, achieved = median_interval_achieved(logs, CONFIDENCE)
     p = float(stats.wilcoxon(logs).pvalue) if any(logs) else 1.0
     return {
         "ours_s": median(ours),

@@ -14,8 +14,9 @@ from test_bench_cli import BASE, parse
 
 from dflash.bench import bench_cli as cli
 from dflash.bench.compare import compare
-from dflash.bench.paired import median_interval, paired_verdict
+from dflash.bench.paired import paired_verdict
 from dflash.bench.runner import DECISIVE_PAIRS, decisive
+from dflash.bench.stats import median_interval_achieved
 
 
 def noisy(n: int, level: float, drift: list[float], seed: int) -> list[float]:
@@ -50,7 +51,7 @@ def test_p_value_is_scipys_exact_wilcoxon():
 
 
 def test_median_interval_order_statistics_and_confidence():
-    lo, hi, conf = median_interval(list(range(10)), 0.95)
+    lo, hi, conf = median_interval_achieved(list(range(10)), 0.95)
     # Binomial(10, 1/2): P(B <= 1) = 11/1024, so [x_(2), x_(9)] with 1 - 22/1024.
     assert (lo, hi) == (1, 8) and conf == pytest.approx(1 - 22 / 1024)
 

@@ -8,6 +8,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import quantile_test
 
 from dflash.bench import stats
 
@@ -96,6 +97,37 @@ def test_median_interval_is_the_sign_tests_order_statistics():
     assert stats.median_interval(values) == (0.9, 1.01)
     assert stats.median_interval(values[:5]) is None
     assert stats.median_interval(values[:6]) == (min(values[:6]), max(values[:6]))
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
+def test_median_interval_agrees_with_scipys_quantile_test_on_the_data(confidence):
+    # The rank k is read off 1..n; the interval must be what scipy picks on the values.
+    rng = random.Random(3)
+    for n in range(2, 40):
+        values = [rng.gauss(0, 1) for _ in range(n)]
+        ci = quantile_test(values, q=stats.median(values), p=0.5).confidence_interval(confidence)
+        lo, hi, achieved = stats.median_interval_achieved(values, confidence)
+        if math.isnan(ci.low):
+            assert stats.median_interval(values, confidence) is None
+            assert (lo, hi) == (min(values), max(values)) and achieved < confidence
+            assert achieved == pytest.approx(1 - 2 * 0.5**n)
+        else:
+            assert stats.median_interval(values, confidence) == (lo, hi) == (ci.low, ci.high)
+            assert achieved >= confidence
+
+
+@pytest.mark.parametrize(
+    ("ratio", "p_slower", "p_faster", "expected"),
+    [
+        (0.90, 0.01, 0.99, "regression"),
+        (0.96, 0.01, 0.99, "pass"),  # significant but smaller than the minimum effect
+        (0.90, 0.20, 0.80, "pass"),  # large but not significant
+        (1.10, 0.99, 0.01, "improvement"),
+        (1.04, 0.99, 0.01, "pass"),  # 1 / (1 - 0.05) = 1.0526 is the bar
+    ],
+)
+def test_verdict_needs_significance_and_the_minimum_effect(ratio, p_slower, p_faster, expected):
+    assert stats.verdict(ratio, p_slower, p_faster, alpha=0.05, min_effect=0.05) == expected
 
 
 def test_median_interval_covers_the_median_at_least_as_often_as_it_says():

@@ -173,12 +173,7 @@ def compare(
     bu, cu = base["summary"].get("uncorrected_samples"), cur["summary"].get("uncorrected_samples")
     if bu and cu:
         out.uncorrected_ratio = stats.log_ratio(cu, bu, 1.0 - alpha)[0]
-    if out.p_slower < alpha and out.ratio < 1.0 - min_effect:
-        out.verdict = "regression"
-    elif out.p_faster < alpha and out.ratio > 1.0 / (1.0 - min_effect):
-        out.verdict = "improvement"
-    else:
-        out.verdict = "pass"
+    out.verdict = stats.verdict(out.ratio, out.p_slower, out.p_faster, alpha, min_effect)
     out.stored_verdict, out.stored_ratio = out.verdict, out.ratio
     paired = cur.get("paired") or {}
     if paired.get("available"):

@@ -6,10 +6,12 @@ the within-pair log ratio log(candidate / baseline) removes it. The test is scip
 Wilcoxon signed-rank test on those log ratios (exact null distribution for the pair
 counts used here); the ratio is exp(median log ratio) with the distribution-free
 interval of a median: the order statistics [x_(k), x_(n+1-k)] with k from the
-binomial(n, 1/2) distribution (the sign-test interval), whose achieved confidence is
-reported (it exceeds the requested one for small n).
+binomial(n, 1/2) distribution (the sign-test interval,
+`dflash.bench.stats.median_interval_achieved`), whose achieved confidence is reported
+(it exceeds the requested one for small n).
 
-A regression needs both: p(slower) < alpha AND ratio < 1 - min_effect (asv's rule).
+A regression needs both: p(slower) < alpha AND ratio < 1 - min_effect (asv's rule,
+`dflash.bench.stats.verdict`, which the stored-number verdict applies too).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scipy import stats
+
+from dflash.bench import stats as bench_stats
 
 
 @dataclass(frozen=True)
@@ -46,19 +50,6 @@ class PairedResult:
         }
 
 
-def median_interval(values: Sequence[float], confidence: float) -> tuple[float, float, float]:
-    """(low, high, achieved confidence) of the median, from the binomial order statistics."""
-    v = sorted(values)
-    n = len(v)
-    half = (1.0 - confidence) / 2.0
-    # Largest k with P(B <= k-1) <= half, B ~ Binomial(n, 1/2); at least 1 (full range).
-    k = 1
-    while k < n // 2 + 1 and stats.binom.cdf(k, n, 0.5) <= half:
-        k += 1
-    achieved = 1.0 - 2.0 * float(stats.binom.cdf(k - 1, n, 0.5))
-    return v[k - 1], v[n - k], achieved
-
-
 def paired_verdict(
     candidate: Sequence[float],
     baseline: Sequence[float],
@@ -78,14 +69,8 @@ def paired_verdict(
         p_slower = float(stats.wilcoxon(logs, alternative="less").pvalue)
         p_faster = float(stats.wilcoxon(logs, alternative="greater").pvalue)
     mid = float(stats.scoreatpercentile(logs, 50))
-    lo, hi, achieved = median_interval(logs, 1.0 - alpha)
+    lo, hi, achieved = bench_stats.median_interval_achieved(logs, 1.0 - alpha)
     ratio = math.exp(mid)
-    if p_slower < alpha and ratio < 1.0 - min_effect:
-        verdict = "regression"
-    elif p_faster < alpha and ratio > 1.0 / (1.0 - min_effect):
-        verdict = "improvement"
-    else:
-        verdict = "pass"
     return PairedResult(
         pairs=len(logs),
         ratios=[math.exp(v) for v in logs],
@@ -94,5 +79,5 @@ def paired_verdict(
         confidence=achieved,
         p_slower=p_slower,
         p_faster=p_faster,
-        verdict=verdict,
+        verdict=bench_stats.verdict(ratio, p_slower, p_faster, alpha, min_effect),
     )

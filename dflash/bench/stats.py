@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from statistics import median as _median
 
-from scipy.stats import mannwhitneyu, quantile_test, wilcoxon
+from scipy.stats import binom, mannwhitneyu, quantile_test, wilcoxon
 
 EXACT_MAX = 50  # scipy's exact distribution up to n + m = 50 samples without ties
 
@@ -84,17 +84,50 @@ def median(values: Sequence[float]) -> float:
     return float(_median(values))
 
 
+def _sign_test_rank(n: int, confidence: float) -> int | None:
+    """k of the sign-test interval [x_(k), x_(n+1-k)] for the median of n values, as
+    `scipy.stats.quantile_test` (p = 0.5) picks it: it depends on n and the confidence
+    only, so it is read off the ranks 1..n. None where even [min, max] covers less (95%:
+    fewer than 6 values; with 5, [min, max] covers the median with 15/16 = 0.9375 only)."""
+    ranks = list(range(1, n + 1))
+    ci = quantile_test(ranks, q=median(ranks), p=0.5).confidence_interval(confidence)
+    return None if math.isnan(ci.low) or math.isnan(ci.high) else int(ci.low)
+
+
+def median_interval_achieved(
+    values: Sequence[float], confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """(low, high, achieved confidence) of the median: the sign test's order statistics,
+    whose coverage under Binomial(n, 1/2) is at least `confidence` (it exceeds it for small
+    n); where the sample is too small for that, [min, max] with its lower coverage."""
+    v = sorted(values)
+    n = len(v)
+    if n < 2:
+        raise ValueError(f"an interval for a median needs at least 2 values, got {n}")
+    k = _sign_test_rank(n, confidence) or 1
+    return v[k - 1], v[n - k], 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
+
+
 def median_interval(
     values: Sequence[float], confidence: float = 0.95
 ) -> tuple[float, float] | None:
-    """Distribution-free interval for the median: the order statistics that the sign test
-    (`scipy.stats.quantile_test`, p = 0.5) picks, covering the median with at least
-    `confidence`. None when the sample is too small for it (95%: 6 values; with 5 even
-    [min, max] covers it with 15/16 = 0.9375 only)."""
-    ci = quantile_test(values, q=median(values), p=0.5).confidence_interval(confidence)
-    if math.isnan(ci.low) or math.isnan(ci.high):
+    """Distribution-free interval for the median at `confidence` or more (the sign
+    test's, `median_interval_achieved`); None when the sample is too small for it."""
+    if _sign_test_rank(len(values), confidence) is None:
         return None
-    return float(ci.low), float(ci.high)
+    lo, hi, _ = median_interval_achieved(values, confidence)
+    return lo, hi
+
+
+def verdict(ratio: float, p_slower: float, p_faster: float, alpha: float, min_effect: float) -> str:
+    """asv's rule, for the stored-number and the paired verdicts alike: a regression needs
+    both p(slower) < alpha and ratio < 1 - min_effect; an improvement both p(faster) <
+    alpha and ratio > 1 / (1 - min_effect); anything else passes."""
+    if p_slower < alpha and ratio < 1.0 - min_effect:
+        return "regression"
+    if p_faster < alpha and ratio > 1.0 / (1.0 - min_effect):
+        return "improvement"
+    return "pass"
 
 
 def paired_ratio_p(ratios: Sequence[float]) -> float:
