@@ -116,6 +116,12 @@ def test_median_interval_agrees_with_scipys_quantile_test_on_the_data(confidence
             assert achieved >= confidence
 
 
+def test_median_interval_of_tied_values_is_that_value():
+    # Identical pairs give log ratios of exactly 0: the interval is [0, 0], as before.
+    assert stats.median_interval_achieved([0.0] * 10, 0.95) == (0.0, 0.0, 1 - 22 / 1024)
+    assert stats.median_interval([1.0, 1.0, 2.0, 2.0, 2.0, 3.0, 3.0]) == (1.0, 3.0)
+
+
 @pytest.mark.parametrize(
     ("ratio", "p_slower", "p_faster", "expected"),
     [

@@ -1,6 +1,8 @@
-"""Distribution-free statistics of the stored-number verdict, from scipy.stats.
+"""Distribution-free statistics of the bench's verdicts, from scipy.stats: the verdict
+rule both verdicts apply (`verdict`), the median's interval (`median_interval`, the sign
+test's; the paired verdict's and the efficiency bench's), and the stored-number test.
 
-The test is scipy's Mann-Whitney U (`scipy.stats.mannwhitneyu`): its exact null
+The stored-number test is scipy's Mann-Whitney U (`scipy.stats.mannwhitneyu`): its exact null
 distribution for samples without ties, its normal approximation (tie- and
 continuity-corrected) otherwise. The ratio is the Hodges-Lehmann estimate of the
 shift of log(tok/s) (the median of the pairwise differences), exponentiated, and its
@@ -87,8 +89,10 @@ def median(values: Sequence[float]) -> float:
 def _sign_test_rank(n: int, confidence: float) -> int | None:
     """k of the sign-test interval [x_(k), x_(n+1-k)] for the median of n values, as
     `scipy.stats.quantile_test` (p = 0.5) picks it: it depends on n and the confidence
-    only, so it is read off the ranks 1..n. None where even [min, max] covers less (95%:
-    fewer than 6 values; with 5, [min, max] covers the median with 15/16 = 0.9375 only)."""
+    only, so it is read off the ranks 1..n. Its coverage is strictly above `confidence`
+    where a binomial tail equals (1 - confidence) / 2 exactly (e.g. 0.875 with 7 values;
+    never at the bench's 0.95). None where even [min, max] covers no more (95%: fewer
+    than 6 values; with 5, [min, max] covers the median with 15/16 = 0.9375 only)."""
     ranks = list(range(1, n + 1))
     ci = quantile_test(ranks, q=median(ranks), p=0.5).confidence_interval(confidence)
     return None if math.isnan(ci.low) or math.isnan(ci.high) else int(ci.low)
@@ -105,7 +109,7 @@ def median_interval_achieved(
     if n < 2:
         raise ValueError(f"an interval for a median needs at least 2 values, got {n}")
     k = _sign_test_rank(n, confidence) or 1
-    return v[k - 1], v[n - k], 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
+    return float(v[k - 1]), float(v[n - k]), 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
 
 
 def median_interval(
