@@ -98,17 +98,23 @@ def _sign_test_rank(n: int, confidence: float) -> int | None:
     return None if math.isnan(ci.low) or math.isnan(ci.high) else int(ci.low)
 
 
+def _ranked(values: Sequence[float], confidence: float) -> tuple[list[float], int | None]:
+    """(the values sorted, the sign test's k for their number, or None): the rank asked
+    for once, for both interval functions below."""
+    return sorted(values), _sign_test_rank(len(values), confidence)
+
+
 def median_interval_achieved(
     values: Sequence[float], confidence: float = 0.95
 ) -> tuple[float, float, float]:
     """(low, high, achieved confidence) of the median: the sign test's order statistics,
     whose coverage under Binomial(n, 1/2) is at least `confidence` (it exceeds it for small
     n); where the sample is too small for that, [min, max] with its lower coverage."""
-    v = sorted(values)
-    n = len(v)
+    n = len(values)
     if n < 2:
         raise ValueError(f"an interval for a median needs at least 2 values, got {n}")
-    k = _sign_test_rank(n, confidence) or 1
+    v, k = _ranked(values, confidence)
+    k = k or 1
     return float(v[k - 1]), float(v[n - k]), 1.0 - 2.0 * float(binom.cdf(k - 1, n, 0.5))
 
 
@@ -117,10 +123,10 @@ def median_interval(
 ) -> tuple[float, float] | None:
     """Distribution-free interval for the median at `confidence` or more (the sign
     test's, `median_interval_achieved`); None when the sample is too small for it."""
-    if _sign_test_rank(len(values), confidence) is None:
+    v, k = _ranked(values, confidence)
+    if k is None:
         return None
-    lo, hi, _ = median_interval_achieved(values, confidence)
-    return lo, hi
+    return float(v[k - 1]), float(v[len(v) - k])
 
 
 def verdict(ratio: float, p_slower: float, p_faster: float, alpha: float, min_effect: float) -> str:
