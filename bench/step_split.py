@@ -8,15 +8,19 @@ whole wall time and the loop's period (from one step's start to the next: the lo
 steps' reductions and metrics lines included). Every `--period` steps the drafter
 pauses: it sleeps half a second, so that the target fills its in-flight batches and
 blocks, and then this process times the capacity's drafter stage alone
-(dflash/bench/capacity.py's `Stages`: a block of `--batches` steps, mean thread CPU and
-wall time per step) while the drafter waits. Each round sets the means over the stretch
+(dflash/bench/capacity.py's `Stages._timed`, as the capacity measures it: a block of
+`--batches` steps, mean CPU and wall time per step) while the drafter waits. Each round sets the means over the stretch
 before the pause (its first steps after the last pause left out) against that block,
 each part in units of the stage alone's wall time per step:
 
-- `step`: the step's own thread CPU time, over the stage alone's thread CPU time (1: the
-  step itself runs as fast as alone);
+- `step`: the step's own thread CPU time, over the stage alone's CPU time (1: the step
+  itself runs as fast as alone; this process has one thread, so its CPU time is the
+  stage's);
 - `receive`: wall time getting the batch (`receive_cpu`: the thread CPU time of it, the
   rest is waiting for the batch or off the CPU);
+- `post`: wall time posting irecvs (gloo takes the pair's lock and writes to its
+  socket). On CPU the refills are posted by the receiver's helper thread, beside the
+  step (dflash/distributed/p2p.py::Receiver): not a part of `period`;
 - `off_cpu`: the rest of the step's wall time: its thread off the CPU outside the
   receive (preempted);
 - `between`: the loop's time between steps (logging);
@@ -47,20 +51,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_speed import WARM, _child, summary  # noqa: E402
+from step_speed import _child, summary  # noqa: E402
 
 ADDR = "DFLASH_STEP_SPLIT_ADDR"  # the Unix socket that the drafter rank asks for a block on
 PERIOD = "DFLASH_STEP_SPLIT_PERIOD"  # --period, for the ranks
 SKIP = 10  # steps after each pause left out of the stretch: the queue refills after it
 NAP = 0.5  # seconds: the target fills its in-flight batches and blocks on them
-PIPELINE = (
-    "step_cpu",
-    "receive_cpu",
-    "receive",
-    "wall",
-    "period",
-)  # a stretch's means, sent per pause
-PARTS = ("step", "receive", "receive_cpu", "off_cpu", "between", "period")
+# a stretch's means, sent per pause
+PIPELINE = ("step_cpu", "receive_cpu", "receive", "post", "wall", "period")
+PARTS = ("step", "receive", "receive_cpu", "post", "off_cpu", "between", "period")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +100,6 @@ def _run(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="dflash-step-split-"))
     cfg = _config(args, str(work / "run"))
     stages = Stages(cfg, batches=args.batches)
-    data = stages.data[stages.warmup :]
     cpus = rank_cpus(cfg)  # pinned: the stage alone on the drafter's CPU, as capacity does
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(work / "sock"))
@@ -127,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
         for line in lines:
             pipe = json.loads(line)
             with on_cpu(cpus["drafter"] if cpus else None):
-                alone_cpu, alone_wall = _alone(stages, data)
+                alone_cpu, alone_wall = _alone(stages)
             lines.write("go\n")
             lines.flush()
             row = _ratios(pipe, alone_cpu, alone_wall)
@@ -162,15 +160,12 @@ def _tail(work: Path) -> str:
     return (work / "ranks.log").read_text()[-3000:]
 
 
-def _alone(stages, data: list) -> tuple[float, float]:
-    """Mean thread CPU and wall seconds per step of the capacity's drafter stage over
-    `data`, after WARM untimed steps."""
-    for b in data[:WARM]:
-        stages._train_one(b)
-    c, w = time.thread_time(), time.perf_counter()
-    for b in data:
-        stages._train_one(b)
-    return (time.thread_time() - c) / len(data), (time.perf_counter() - w) / len(data)
+def _alone(stages) -> tuple[float, float]:
+    """Mean CPU and wall seconds per step of the capacity's drafter stage, timed as
+    `capacity.measure` times it (`Stages._timed`: its warm-up batches untimed first)."""
+    per_wall, per_cpu = stages._timed(stages._train_one)  # tokens per second
+    steps = len(stages.data) - stages.warmup
+    return stages.n_tokens / per_cpu / steps, stages.n_tokens / per_wall / steps
 
 
 def _ratios(pipe: dict, alone_cpu: float, alone_wall: float) -> dict:
@@ -179,6 +174,7 @@ def _ratios(pipe: dict, alone_cpu: float, alone_wall: float) -> dict:
         "step": pipe["step_cpu"] / alone_cpu,
         "receive": pipe["receive"] / alone_wall,
         "receive_cpu": pipe["receive_cpu"] / alone_wall,
+        "post": pipe["post"] / alone_wall,
         "off_cpu": (pipe["wall"] - pipe["step_cpu"] - pipe["receive"]) / alone_wall,
         "between": (pipe["period"] - pipe["wall"]) / alone_wall,
         "period": pipe["period"] / alone_wall,
@@ -200,9 +196,17 @@ def _rank(addr: str) -> int:
     from dflash.distributed import rank_cli
 
     period = int(os.environ[PERIOD])
-    got = {"cpu": 0.0, "wall": 0.0}  # this step's, inside the receiver's get
+    # this step's: inside the receiver's get, and posting (on CPU, by its helper thread)
+    got = {"cpu": 0.0, "wall": 0.0, "post": 0.0}
 
     class TracedReceiver(dr.Receiver):
+        def _post(self):
+            w = time.perf_counter()
+            try:
+                super()._post()
+            finally:
+                got["post"] += time.perf_counter() - w
+
         def get(self):
             c, w = time.thread_time(), time.perf_counter()
             try:
@@ -211,14 +215,14 @@ def _rank(addr: str) -> int:
                 got["cpu"] += time.thread_time() - c
                 got["wall"] += time.perf_counter() - w
 
-    stretch: list[tuple[float, ...]] = []  # (step CPU, receive CPU, receive wall, wall)
+    stretch: list[tuple[float, ...]] = []  # PIPELINE's first five, per step
     periods: list[float] = []  # start to start, of the stretch's steps but its last
     link: list = []
     started = [0.0]
     plain = dr.train_step
 
     def traced(run, step, batches=None, **kw):
-        got["cpu"] = got["wall"] = 0.0
+        got["cpu"] = got["wall"] = got["post"] = 0.0
         c, w = time.thread_time(), time.perf_counter()
         at = step % period
         if at > SKIP:  # the previous step's period: its logging, if any, included
@@ -231,7 +235,7 @@ def _rank(addr: str) -> int:
         wall, cpu = time.perf_counter() - w, time.thread_time() - c
         if at >= SKIP:
             # the receive's thread CPU is inside `cpu`, its wall time inside `wall`
-            stretch.append((cpu - got["cpu"], got["cpu"], got["wall"], wall))
+            stretch.append((cpu - got["cpu"], got["cpu"], got["wall"], got["post"], wall))
         if at == period - 1:
             time.sleep(NAP)
             if not link:

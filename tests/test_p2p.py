@@ -1,8 +1,11 @@
 """The pipeline's wire format (dflash/distributed/p2p.py): one message per batch, the
 metadata then the features, packed and read back without a copy. The transfer itself is
-tested by the real torchrun jobs in test_pipeline.py."""
+tested by the real torchrun jobs in test_pipeline.py, and the receiver's refills, posted
+by its helper thread on CPU, by two real gloo processes here."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -45,3 +48,60 @@ def test_one_message_holds_the_metadata_then_the_features(dtype, rows, seq, feat
         assert torch.equal(got, ref)
     assert torch.equal(pos, batch.positions)
     assert torch.equal(wire.split(message.clone())[1], want)
+
+
+def _link(rank: int, path: str, n: int, depth: int, die_after: int | None) -> None:
+    """Rank 1 (target 0) sends n batches to rank 0 (drafter 0), each message filled with
+    its batch index; rank 0 receives them through the Receiver and checks them."""
+    import threading
+
+    import torch.distributed as dist
+
+    from dflash.distributed.p2p import PeerError, Receiver, Sender
+    from dflash.distributed.roles import Layout
+    from dflash.distributed.telemetry import Clock
+
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
+    layout, wire = Layout(targets=1, drafters=1, accum=1), Wire(2, 3, 4, torch.float32)
+    if rank == 1:
+        send = Sender(layout, rank, depth, timeout=60, clock=Clock())
+        for g in range(n if die_after is None else die_after):
+            send.send(0, g, torch.full((wire.nbytes,), g % 256, dtype=torch.uint8))
+        send.flush()
+        if die_after is not None:
+            os._exit(0)  # a dead peer: no destroy, the socket closes mid-schedule
+    else:
+        batches = ((g, 0) for g in range(n))
+        recv = Receiver(layout, 0, batches, depth, wire, torch.device("cpu"), 60, Clock())
+        try:
+            for g in range(n):
+                got = recv.get()
+                assert got is not None and got[0] == g
+                meta = got[2]
+                assert meta.view(torch.uint8).eq(g % 256).all(), g  # its own bytes
+                names = [t.name for t in threading.enumerate()]
+                assert any(x.startswith("dflash-recv-post") for x in names), names
+        except PeerError as e:
+            assert die_after is not None and "rank 1 (target 0)" in str(e), e
+            os._exit(3)  # the expected failure, named; skip the group's teardown
+        assert die_after is None
+        assert recv.get() is None and recv.poster is None  # the helper stopped at the end
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_batches_arrive_in_order_with_the_refills_posted_off_the_training_thread(tmp_path, depth):
+    """Real gloo processes: every batch, in order, through the helper thread's refills."""
+    import torch.multiprocessing as mp
+
+    args = (str(tmp_path / "store"), 40, depth, None)
+    mp.start_processes(_link, args=args, nprocs=2, start_method="spawn")
+
+
+def test_a_sender_that_dies_fails_the_receive_naming_it(tmp_path):
+    import torch.multiprocessing as mp
+
+    args = (str(tmp_path / "store"), 40, 2, 5)  # the sender exits after 5 of 40 batches
+    with pytest.raises(mp.ProcessExitedException) as e:
+        mp.start_processes(_link, args=args, nprocs=2, start_method="spawn")
+    assert (e.value.error_index, e.value.exit_code) == (0, 3)  # the receiver, as expected

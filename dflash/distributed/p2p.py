@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -176,7 +177,16 @@ class Sender:
 
 class Receiver:
     """Drafter side: irecv posted up to `depth` batches ahead into a ring of preallocated
-    buffers, so transfers overlap the training of the previous batch."""
+    buffers, so transfers overlap the training of the previous batch.
+
+    gloo: the refill after each batch is posted from a helper thread, off the training
+    thread. Posting takes the pair's lock, which gloo's event-loop thread holds while it
+    handles the pair's socket, and writes to that socket: on the training thread it cost
+    a 1 + 1 CPU drafter 1-2% of its step, most of it waiting rather than CPU; moved, the
+    receive fell from 4.1% to 2.6% of the step (docs/bench.md, "The receive split").
+    NCCL posts do not wait on a lock; they stay on the training thread, so each recv is
+    still ordered after the stream that used its buffer.
+    """
 
     def __init__(
         self,
@@ -196,6 +206,10 @@ class Receiver:
         # backward has been enqueued (NCCL orders the recv after the current stream).
         self.free = [wire.empty(device) for _ in range(depth + 1)]
         self.posted: deque = deque()
+        # One helper, so posts stay in schedule order; `get` waits for its last refill
+        # before it touches `posted`, `free` or `schedule`, so they are never shared.
+        self.poster = ThreadPoolExecutor(1, "dflash-recv-post") if device.type == "cpu" else None
+        self.refill: Future | None = None
 
     def _post(self) -> None:
         while len(self.posted) < self.depth and self.free:
@@ -211,16 +225,30 @@ class Receiver:
     def get(self) -> tuple[int, int, Tensor, Tensor] | None:
         """Next (g, target, meta, feats), meta and feats views of the batch's message, or
         None when the schedule is exhausted."""
+        if self.refill is not None:
+            refill, self.refill = self.refill, None
+            refill.result()  # done long ago but for the first batches; raises its PeerError
         if self.current is not None:
             self.free.append(self.current)
             self.current = None
         self._post()
         if not self.posted:
+            self.close()
             return None
         g, t, work, message = self.posted.popleft()
         with self.clock("wait_recv"):
             who = self.layout.name(self.layout.target_rank(t))
             wait(work, self.timeout, f"receiving batch {g} from {who}")
         self.current = message
-        self._post()  # refill right away so the next transfer overlaps this batch
+        # refill right away so the next transfer overlaps this batch
+        if self.poster is None:
+            self._post()
+        else:
+            self.refill = self.poster.submit(self._post)
         return (g, t, *self.wire.split(message))
+
+    def close(self) -> None:
+        """Stop the helper thread (the end of the schedule; a rank that fails exits)."""
+        if self.poster is not None:
+            self.poster.shutdown(wait=True)
+            self.poster = None

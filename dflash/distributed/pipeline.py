@@ -77,7 +77,8 @@ def _pin(device: torch.device) -> int:
     """--pin-cpus: this rank's main thread runs on one CPU of its own, the LOCAL_RANK-th it
     may use, and every other thread it has by now (the communication library's, started
     with the process groups) on the rest; threads started later share the main thread's
-    CPU. Returns the main thread's CPU.
+    CPU (a drafter's receive poster, p2p.Receiver: it waits on the pair's lock in the
+    main thread's stead). Returns the main thread's CPU.
     Why the main thread: beside another tenant, Linux's fair scheduler splits the cores
     evenly between an unpinned drafter and the tenant; pinned, the tenant mostly shares
     the core of the target rank, which sleeps on back-pressure.
