@@ -95,15 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     tenant = tenant_options(parser, args)
     if args.perf and shutil.which("perf") is None:
         parser.error("--perf needs the perf tool on PATH (the linux-perf or linux-tools package)")
-    from dflash.train_cli import add_arguments, config_from_args
+    from dflash.train_cli import config_of
 
-    train_parser = argparse.ArgumentParser()
-    add_arguments(train_parser)
     base = ["--wandb", "off", "--targets", str(args.targets), "--drafters", str(args.drafters)]
     with tempfile.TemporaryDirectory(prefix="dflash-threads-") as tmp:
         try:
             run_dir = str(Path(tmp) / "run")
-            cfg = config_from_args(train_parser.parse_args([*base, "--out", run_dir, *args.flags]))
+            cfg = config_of([*base, "--out", run_dir, *args.flags])
         except ValueError as e:  # a bad flag after --: name it, no traceback
             parser.error(str(e))
         tenants = start_tenants(*tenant)

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dflash.run import build_run
 from dflash.step import Accumulator, FeatureBatch, train_step
-from dflash.train_cli import add_arguments, config_from_args
+from dflash.train_cli import config_of
 
 
 def _free_port() -> int:
@@ -43,10 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    train_parser = argparse.ArgumentParser()
-    add_arguments(train_parser)
-    out = tempfile.mkdtemp(prefix="dflash-variants-")
-    cfg = config_from_args(train_parser.parse_args(["--wandb", "off", "--out", out, *args.flags]))
+    with tempfile.TemporaryDirectory(prefix="dflash-variants-") as out:  # build_run never writes it
+        cfg = config_of(["--wandb", "off", "--out", out, *args.flags])
     run = build_run(cfg, "single")
     data = [next(run.stream).to(run.device) for _ in range(args.batches)]
     feats = [run.target(b.input_ids, b.positions, b.doc_ids) for b in data]

@@ -205,17 +205,11 @@ def host_steal_s() -> float | None:
     return int(fields[8]) / os.sysconf("SC_CLK_TCK")
 
 
-def _train_parser() -> argparse.ArgumentParser:
-    from dflash.train_cli import add_arguments
-
-    parser = argparse.ArgumentParser(prog="dflash train", exit_on_error=False)
-    add_arguments(parser)
-    return parser
-
-
 def _conditions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, list]:
     """{"base": the flags after --, "versus": those plus --versus's}, the train flags checked
     before anything starts: a one-line error names the bad one."""
+    from dflash import train_cli
+
     conditions = {"base": list(args.flags)}
     if args.versus is not None:
         extra = shlex.split(args.versus)
@@ -225,7 +219,7 @@ def _conditions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
     for name, flags in conditions.items():
         where = "--versus" if name == "versus" else "the flags after --"
         try:
-            unknown = _train_parser().parse_known_args(flags)[1]
+            unknown = train_cli.parser().parse_known_args(flags)[1]
         except argparse.ArgumentError as e:
             parser.error(f"{where}: {e}")
         if unknown:
@@ -250,7 +244,7 @@ def _medians(rows: list[dict], tenants: bool) -> dict:
 
 
 def _run(args: argparse.Namespace, conditions: dict[str, list], tenants: list) -> int:
-    from dflash.train_cli import config_from_args
+    from dflash.train_cli import config_of
 
     out = Path(args.out or tempfile.mkdtemp(prefix="dflash-eff-"))
     base = ["--wandb", "off", "--targets", str(args.targets), "--drafters", str(args.drafters)]
@@ -261,7 +255,7 @@ def _run(args: argparse.Namespace, conditions: dict[str, list], tenants: list) -
     for i in range(args.repeats):
         for name in names if i % 2 == 0 else names[::-1]:  # ABBA: drift weighs on both
             run = ["--out", str(out / (f"run{i}" if len(names) == 1 else f"run{i}-{name}"))]
-            cfg = config_from_args(_train_parser().parse_args(base + run + conditions[name]))
+            cfg = config_of(base + run + conditions[name])
             stolen0, t0 = host_steal_s(), time.perf_counter()
             if args.interleave:
                 got = measure_interleaved(cfg, args.batches, args.interleave, tenant_cpu=probe)

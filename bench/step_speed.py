@@ -68,12 +68,11 @@ PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def _config(extra: list[str] | None = None):
-    from dflash.train_cli import add_arguments, config_from_args
+    from dflash.train_cli import config_of
 
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    out = tempfile.mkdtemp(prefix="dflash-step-speed-")
-    return config_from_args(parser.parse_args(["--wandb", "off", "--out", out, *(extra or [])]))
+    # --out is required, but Stages and build_run never write to it: nothing is left behind
+    with tempfile.TemporaryDirectory(prefix="dflash-step-speed-") as out:
+        return config_of(["--wandb", "off", "--out", out, *(extra or [])])
 
 
 def _stages(batches: int = BLOCK):

@@ -9,9 +9,10 @@ steps' reductions and metrics lines included). Every `--period` steps the drafte
 pauses: it sleeps half a second, so that the target fills its in-flight batches and
 blocks, and then this process times the capacity's drafter stage alone
 (dflash/bench/capacity.py's `Stages._timed`, as the capacity measures it: a block of
-`--batches` steps, mean CPU and wall time per step) while the drafter waits. Each round sets the means over the stretch
-before the pause (its first steps after the last pause left out) against that block,
-each part in units of the stage alone's wall time per step:
+`--batches` steps, mean CPU and wall time per step) while the drafter waits. Each round
+sets the means over the stretch before the pause (its first steps after the last pause
+left out) against that block, each part in units of the stage alone's wall time per
+step:
 
 - `step`: the step's own thread CPU time, over the stage alone's CPU time (1: the step
   itself runs as fast as alone; this process has one thread, so its CPU time is the
@@ -81,13 +82,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _config(args: argparse.Namespace, out: str):
-    from dflash.train_cli import add_arguments, config_from_args
+    from dflash.train_cli import config_of
 
-    p = argparse.ArgumentParser(prog="dflash train")
-    add_arguments(p)
     steps = args.rounds * args.period + 1
     fixed = ["--wandb", "off", "--targets", "1", "--drafters", "1", "--out", out]
-    return config_from_args(p.parse_args([*fixed, "--max-steps", str(steps), *args.flags]))
+    return config_of([*fixed, "--max-steps", str(steps), *args.flags])
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -113,6 +113,21 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return resolve(args)[0]
 
 
+def parser() -> argparse.ArgumentParser:
+    """`dflash train`'s flags on a parser of their own, for benches that check flags they
+    pass on (exit_on_error=False: a bad value raises argparse.ArgumentError)."""
+    p = argparse.ArgumentParser(prog="dflash train", exit_on_error=False)
+    add_arguments(p)
+    return p
+
+
+def config_of(flags: list[str]) -> TrainConfig:
+    """The config `dflash train FLAGS` would run, for benches and tests that build their
+    own runs: one parse, so none of them drifts from the CLI. A bad combination raises
+    ValueError naming the flag (resolve)."""
+    return config_from_args(parser().parse_args(flags))
+
+
 def check_local_paths(cfg: TrainConfig) -> None:
     """Missing local inputs fail now, not after minutes of loading a target."""
     if cfg.target and not Path(cfg.target).is_dir():

@@ -103,13 +103,9 @@ def test_split_and_launch_plan():
     assert plan(TrainConfig(out="x", device="cpu")) == ("single", 1)
     with pytest.raises(ValueError, match="--targets and --drafters go together"):
         plan(TrainConfig(out="x", drafters=2, device="cpu"))
-    import argparse
+    from dflash.train_cli import config_of
 
-    from dflash.train_cli import add_arguments, config_from_args
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    assert config_from_args(parser.parse_args(config_argv(cfg))) == cfg
+    assert config_of(config_argv(cfg)) == cfg
 
 
 def test_verdict_names_the_slow_side():
