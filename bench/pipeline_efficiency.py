@@ -219,7 +219,7 @@ def _conditions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> di
     for name, flags in conditions.items():
         where = "--versus" if name == "versus" else "the flags after --"
         try:
-            unknown = train_cli.parser().parse_known_args(flags)[1]
+            unknown = train_cli.parser(exit_on_error=False).parse_known_args(flags)[1]
         except argparse.ArgumentError as e:
             parser.error(f"{where}: {e}")
         if unknown:

@@ -113,18 +113,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return resolve(args)[0]
 
 
-def parser() -> argparse.ArgumentParser:
-    """`dflash train`'s flags on a parser of their own, for benches that check flags they
-    pass on (exit_on_error=False: a bad value raises argparse.ArgumentError)."""
-    p = argparse.ArgumentParser(prog="dflash train", exit_on_error=False)
+def parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
+    """`dflash train`'s flags on a parser of their own. exit_on_error=False, for a bench
+    that checks the flags it will pass on: a bad value raises argparse.ArgumentError."""
+    p = argparse.ArgumentParser(prog="dflash train", exit_on_error=exit_on_error)
     add_arguments(p)
     return p
 
 
 def config_of(flags: list[str]) -> TrainConfig:
     """The config `dflash train FLAGS` would run, for benches and tests that build their
-    own runs: one parse, so none of them drifts from the CLI. A bad combination raises
-    ValueError naming the flag (resolve)."""
+    own runs: one parse, so none of them drifts from the CLI. A bad value exits with
+    argparse's one-line usage error; a bad combination raises ValueError naming the flag
+    (resolve)."""
     return config_from_args(parser().parse_args(flags))
 
 

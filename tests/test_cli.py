@@ -1,5 +1,6 @@
 """`dflash train` as users run it: a real process, real signals."""
 
+import argparse
 import importlib.metadata
 import json
 import os
@@ -154,3 +155,22 @@ def test_dirty_environment_refused_unless_allowed_and_then_marked(tmp_path):
     assert recs and all(r["dirty_env"] is True for r in recs)
     run_record = json.loads((tmp_path / "b" / "run.json").read_text())
     assert run_record["environment"]["dirty"] is True
+
+
+def test_config_of_is_the_train_commands_parse(tmp_path, capsys):
+    """What benches build their runs from (train_cli.config_of): the flags the CLI takes,
+    a bad value as argparse's usage error naming the flag, a bad setting as ValueError."""
+    from dflash.train_cli import config_of, parser
+
+    cfg = config_of(["--out", str(tmp_path), "--block-size", "8", "--wandb", "off"])
+    assert (cfg.block_size, cfg.out) == (8, str(tmp_path))
+    with pytest.raises(SystemExit) as e:
+        config_of(["--out", str(tmp_path), "--lr", "abc"])
+    assert e.value.code == 2
+    assert (
+        "dflash train: error: argument --lr: invalid float value: 'abc'" in capsys.readouterr().err
+    )
+    with pytest.raises(ValueError, match="--block-size must be >= 2"):
+        config_of(["--out", str(tmp_path), "--block-size", "1"])
+    with pytest.raises(argparse.ArgumentError, match="--lr"):  # for benches that check first
+        parser(exit_on_error=False).parse_known_args(["--lr", "abc"])
