@@ -90,18 +90,12 @@ def test_train_plan_cli(capsys):
     )
     assert ok.returncode == 0, ok.stderr
     assert "step peak, --loss-chunk 512" in ok.stdout and "total, pipeline drafter" in ok.stdout
-    args = build_parser().parse_args(["--plan", "--preset", "qwen3-8b", "--target", "/nonexistent"])
+    args = train_cli.parser().parse_args(
+        ["--plan", "--preset", "qwen3-8b", "--target", "/nonexistent"]
+    )
     assert train_cli.run(args) == 2
     err = capsys.readouterr().err
     assert "/nonexistent/config.json" in err and "Qwen/Qwen3-8B" in err
-
-
-def build_parser():
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    train_cli.add_arguments(parser)
-    return parser
 
 
 def test_live_bytes_counts_views_once_and_frees():

@@ -17,15 +17,13 @@ import pytest
 from dflash import recipes
 from dflash.config import PRESETS, TrainConfig
 from dflash.distributed.launch import config_argv
-from dflash.train_cli import add_arguments, default_out, resolve
+from dflash.train_cli import default_out, parser, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(list(argv))
+    return parser().parse_args(list(argv))
 
 
 def error(*argv: str) -> str:
